@@ -1,0 +1,232 @@
+"""DALI pipelines: JPEG decode, random-resized crop, flip and normalize, on the GPU or on CPU threads.
+
+Three placements of the same graph (`Placement`):
+- `dali` on a GPU: the "mixed" decoder (nvJPEG, with the hardware JPEG engine taking
+  `hw_decoder_load` of the images) fused with the random crop, then resize, flip and normalize on
+  the GPU;
+- `dali_cpu` on a GPU: decode, crop and resize on CPU threads, normalize on the GPU;
+- either one without a GPU (`device_id=None`): everything on CPU threads; the tests run this.
+
+The train pipeline is rebuilt every epoch (`set_epoch`): its file list is that epoch's order
+(`order.epoch_order`), its seed derives from (seed, epoch, rank), and its crop side may follow the
+progressive-resize schedule. That makes a resumed epoch replay exactly, at the cost of one
+pipeline build per epoch (well under a second next to an ImageNet epoch).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Iterator, Optional
+
+import torch
+from nvidia.dali import fn, pipeline_def, types
+from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
+
+from dali_train.data.folder import Split
+from dali_train.data.order import epoch_order, steps_per_epoch
+from dali_train.distributed import DistInfo
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Placement:
+    decoder: str  # "mixed" (nvJPEG on the GPU) or "cpu"
+    gpu_post: bool  # resize/flip/normalize on the GPU
+    device_id: Optional[int]  # CUDA device of the pipeline; None = CPU-only pipeline
+
+    @staticmethod
+    def choose(loader_name: str, device: torch.device) -> "Placement":
+        if device.type != "cuda":
+            return Placement("cpu", False, None)
+        return Placement("mixed" if loader_name == "dali" else "cpu", True, device.index or 0)
+
+
+@dataclass(frozen=True)
+class DaliSettings:
+    """Pipeline knobs from `conf/loader/*.yaml` (see config.LoaderConfig for their meaning)."""
+
+    num_threads: int
+    prefetch_queue_depth: int
+    hw_decoder_load: float
+    preallocate_width_hint: int
+    preallocate_height_hint: int
+    device_memory_padding: int
+    host_memory_padding: int
+
+
+@dataclass(frozen=True)
+class Transform:
+    """What the images look like after the pipeline."""
+
+    crop_scale: tuple[float, float]  # random-resized-crop area range (train)
+    crop_ratio: tuple[float, float]  # aspect-ratio range (train)
+    val_resize: int  # shorter side before the center crop (val)
+    val_size: int  # center crop side (val)
+    mean: tuple[float, float, float]  # 0..1 scale
+    std: tuple[float, float, float]
+    half: bool  # fp16 output (AMP); DALI has no bf16 type, autocast converts at the first layer
+    channels_last: bool  # HWC output, handed to torch as an NCHW view with channels_last strides
+
+
+def _decoder_kwargs(placement: Placement, s: DaliSettings) -> dict:
+    if placement.decoder != "mixed":
+        return {}
+    kwargs = {
+        "hw_decoder_load": s.hw_decoder_load,
+        "device_memory_padding": s.device_memory_padding,
+        "host_memory_padding": s.host_memory_padding,
+    }
+    if s.preallocate_width_hint and s.preallocate_height_hint:
+        kwargs["preallocate_width_hint"] = s.preallocate_width_hint
+        kwargs["preallocate_height_hint"] = s.preallocate_height_hint
+    return kwargs
+
+
+def _normalize(images, t: Transform, *, mirror=None, crop=None):
+    return fn.crop_mirror_normalize(
+        images,
+        dtype=types.FLOAT16 if t.half else types.FLOAT,
+        output_layout="HWC" if t.channels_last else "CHW",
+        crop=crop,
+        mean=[m * 255 for m in t.mean],
+        std=[s * 255 for s in t.std],
+        mirror=mirror,
+    )
+
+
+@pipeline_def
+def _train_pipeline(files, labels, shard_id, num_shards, placement, settings, t, size):
+    jpegs, labels = fn.readers.file(
+        files=files,
+        labels=labels,
+        shard_id=shard_id,
+        num_shards=num_shards,
+        # The epoch's shuffle is already in `files` (order.epoch_order): reproducible from
+        # (seed, epoch), which DALI's own shuffles are not across a resume.
+        random_shuffle=False,
+        pad_last_batch=True,
+        name="Reader",
+    )
+    images = fn.decoders.image_random_crop(
+        jpegs,
+        device=placement.decoder,
+        output_type=types.RGB,
+        random_area=list(t.crop_scale),
+        random_aspect_ratio=list(t.crop_ratio),
+        num_attempts=10,
+        **_decoder_kwargs(placement, settings),
+    )
+    if placement.gpu_post and placement.decoder == "cpu":
+        images = images.gpu()
+    images = fn.resize(images, resize_x=size, resize_y=size, interp_type=types.INTERP_TRIANGULAR)
+    images = _normalize(images, t, mirror=fn.random.coin_flip(probability=0.5))
+    return images, labels.gpu() if placement.gpu_post else labels
+
+
+@pipeline_def
+def _val_pipeline(files, labels, shard_id, num_shards, placement, settings, t):
+    jpegs, labels = fn.readers.file(
+        files=files,
+        labels=labels,
+        shard_id=shard_id,
+        num_shards=num_shards,
+        random_shuffle=False,
+        pad_last_batch=True,  # padded duplicates are dropped by LastBatchPolicy.PARTIAL
+        stick_to_shard=True,
+        name="Reader",
+    )
+    images = fn.decoders.image(jpegs, device=placement.decoder, output_type=types.RGB, **_decoder_kwargs(placement, settings))
+    if placement.gpu_post and placement.decoder == "cpu":
+        images = images.gpu()
+    images = fn.resize(images, resize_shorter=t.val_resize, interp_type=types.INTERP_TRIANGULAR)
+    images = _normalize(images, t, crop=(t.val_size, t.val_size))
+    return images, labels.gpu() if placement.gpu_post else labels
+
+
+class DaliLoader:
+    """Batches `(images, labels)` of one split on this rank's device; see `data.Loader`."""
+
+    def __init__(
+        self,
+        split: Split,
+        *,
+        train: bool,
+        batch_size: int,
+        dist: DistInfo,
+        device: torch.device,
+        placement: Placement,
+        settings: DaliSettings,
+        transform: Transform,
+        seed: int,
+        train_size_at: callable,
+    ) -> None:
+        self.split, self.train, self.batch_size = split, train, batch_size
+        self.dist, self.device, self.placement = dist, device, placement
+        self.settings, self.transform, self.seed = settings, transform, seed
+        self.train_size_at = train_size_at  # epoch -> crop side (progressive resizing)
+        self.epoch, self.start_step = 0, 0
+        self._iterator: Optional[DALIGenericIterator] = None
+
+    def __len__(self) -> int:
+        if self.train:
+            return steps_per_epoch(len(self.split), self.batch_size, self.dist.world_size) - self.start_step
+        shard = len(self.split) * (self.dist.rank + 1) // self.dist.world_size - len(self.split) * self.dist.rank // self.dist.world_size
+        return -(-shard // self.batch_size)
+
+    def set_epoch(self, epoch: int, start_step: int = 0) -> None:
+        if self.train and (epoch, start_step) != (self.epoch, self.start_step):
+            self._iterator = None  # the next __iter__ builds this epoch's pipeline
+        self.epoch, self.start_step = epoch, start_step
+
+    def _pipe_kwargs(self, seed: int) -> dict:
+        s, p = self.settings, self.placement
+        return dict(
+            batch_size=self.batch_size,
+            num_threads=s.num_threads,
+            device_id=p.device_id,
+            seed=seed % (2**31),
+            prefetch_queue_depth=s.prefetch_queue_depth,
+            shard_id=self.dist.rank,
+            num_shards=self.dist.world_size,
+            placement=p,
+            settings=s,
+            t=self.transform,
+        )
+
+    def _build(self) -> DALIGenericIterator:
+        if self.train:
+            order = epoch_order(
+                len(self.split),
+                seed=self.seed,
+                epoch=self.epoch,
+                batch_size=self.batch_size,
+                world_size=self.dist.world_size,
+                start_step=self.start_step,
+            )
+            files = [self.split.files[i] for i in order.indices]
+            labels = [self.split.labels[i] for i in order.indices]
+            seed = self.seed * 1_000_003 + self.epoch * 1009 + self.dist.rank
+            pipe = _train_pipeline(files, labels, size=self.train_size_at(self.epoch), **self._pipe_kwargs(seed))
+            policy = LastBatchPolicy.DROP  # every shard is an exact number of batches anyway
+        else:
+            pipe = _val_pipeline(self.split.files, self.split.labels, **self._pipe_kwargs(self.seed + 7))
+            policy = LastBatchPolicy.PARTIAL  # drop the padded duplicates: exact val counts
+        pipe.build()
+        return DALIGenericIterator(
+            pipe, ["images", "labels"], reader_name="Reader", last_batch_policy=policy, auto_reset=True
+        )
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        if self._iterator is None:
+            self._iterator = self._build()
+        for batch in self._iterator:
+            images, labels = batch[0]["images"], batch[0]["labels"]
+            if self.transform.channels_last:
+                images = images.permute(0, 3, 1, 2)  # NHWC storage viewed as NCHW: no copy
+            # Labels: int32 [N, 1] from the reader -> int64 [N]; a no-op copy when already on device.
+            labels = labels.view(-1).to(self.device, torch.int64, non_blocking=True)
+            yield images.to(self.device, non_blocking=True), labels
+        if self.train:
+            self._iterator = None  # free this epoch's pipeline; set_epoch picks the next order

@@ -1,0 +1,120 @@
+"""Process-group setup and the few collectives the trainer needs.
+
+The only module that reads the launcher's environment: torchrun (RANK, LOCAL_RANK, WORLD_SIZE,
+MASTER_ADDR/PORT), SLURM's srun (SLURM_PROCID, SLURM_LOCALID, SLURM_NTASKS, SLURM_JOB_NODELIST),
+or nothing (one plain process). Everything else receives a `DistInfo`.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import subprocess
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as torch_dist
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    rank: int  # global rank: the DALI shard id
+    local_rank: int  # rank on this node: the GPU index
+    world_size: int  # number of processes: the DALI shard count
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+
+def _slurm_master_addr() -> str:
+    nodelist = os.environ.get("SLURM_JOB_NODELIST") or os.environ.get("SLURM_NODELIST", "")
+    try:
+        out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, check=True)
+        return out.stdout.split()[0]
+    except (OSError, subprocess.CalledProcessError, IndexError):
+        return "127.0.0.1"
+
+
+def read_launch_env() -> DistInfo:
+    """Rank, local rank and world size from torchrun, srun, or a plain process (0, 0, 1)."""
+    env = os.environ
+    if "RANK" in env and "WORLD_SIZE" in env:
+        return DistInfo(int(env["RANK"]), int(env.get("LOCAL_RANK", 0)), int(env["WORLD_SIZE"]))
+    if "SLURM_PROCID" in env and int(env.get("SLURM_NTASKS", 1)) > 1:
+        # srun without torchrun: one task per GPU; derive what init_process_group("env://") reads.
+        env.setdefault("MASTER_ADDR", _slurm_master_addr())
+        env.setdefault("MASTER_PORT", str(20000 + int(env.get("SLURM_JOB_ID", 0)) % 20000))
+        info = DistInfo(int(env["SLURM_PROCID"]), int(env.get("SLURM_LOCALID", 0)), int(env["SLURM_NTASKS"]))
+        env["RANK"], env["LOCAL_RANK"], env["WORLD_SIZE"] = str(info.rank), str(info.local_rank), str(info.world_size)
+        return info
+    return DistInfo(0, 0, 1)
+
+
+def init_distributed() -> DistInfo:
+    """Join the process group (idempotent). One plain process needs no group.
+
+    With CUDA present the group has NCCL for CUDA tensors and gloo for CPU tensors, so the same
+    group serves `trainer.device=cpu` runs and the small CPU collectives made before the config
+    is known (the shared run directory).
+    """
+    info = read_launch_env()
+    if info.world_size == 1 or torch_dist.is_initialized():
+        return info
+    if torch.cuda.is_available():
+        torch.cuda.set_device(info.local_rank % torch.cuda.device_count())
+        backend = "cpu:gloo,cuda:nccl"
+    else:
+        backend = "gloo"
+    torch_dist.init_process_group(backend=backend, timeout=dt.timedelta(minutes=30))
+    return info
+
+
+def shared_run_stamp() -> str:
+    """A `YYYY-MM-DD/HH-MM-SS` stamp that all ranks agree on.
+
+    Hydra resolves `${now:...}` in every process separately; ranks started a second apart would
+    write to different run directories. Rank 0's clock decides; the others receive it.
+    """
+    stamp = dt.datetime.now().strftime("%Y-%m-%d/%H-%M-%S")
+    info = init_distributed()
+    return broadcast_object(stamp, info)
+
+
+def broadcast_object(obj: object, info: DistInfo) -> object:
+    """Rank 0's `obj` on every rank."""
+    if not info.enabled:
+        return obj
+    holder = [obj]
+    torch_dist.broadcast_object_list(holder, src=0, device=torch.device("cpu"))
+    return holder[0]
+
+
+def all_reduce_sum(tensor: torch.Tensor, info: DistInfo) -> torch.Tensor:
+    """In-place sum across ranks (a GPU sync point when the tensor is on CUDA)."""
+    if info.enabled:
+        torch_dist.all_reduce(tensor, op=torch_dist.ReduceOp.SUM)
+    return tensor
+
+
+def all_reduce_max(value: float, info: DistInfo) -> float:
+    """The largest `value` of all ranks (CPU collective)."""
+    if not info.enabled:
+        return value
+    t = torch.tensor([value], dtype=torch.float64)
+    torch_dist.all_reduce(t, op=torch_dist.ReduceOp.MAX)
+    return float(t.item())
+
+
+def barrier(info: DistInfo) -> None:
+    if info.enabled:
+        torch_dist.barrier()
+
+
+def shutdown() -> None:
+    if torch_dist.is_initialized():
+        torch_dist.destroy_process_group()

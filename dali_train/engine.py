@@ -1,0 +1,213 @@
+"""The training and evaluation loops. They are handed built objects and never see the config.
+
+Host syncs (`.item()`, collectives) happen only at log intervals and at the end of an epoch: the
+GPU runs ahead of Python in between. Data-wait is the host time blocked in `next(loader)`; with the
+CUDA queue bounded by those syncs it is the time the GPU would have starved.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from timm.utils import accuracy
+
+from dali_train.distributed import DistInfo, all_reduce_sum
+from dali_train.logs import MetricsWriter, Progress
+
+
+class StopFlag:
+    """Set by SIGTERM/SIGINT; the loop finishes its step, saves last.pt and exits."""
+
+    def __init__(self) -> None:
+        self.signal: int | None = None
+
+    def install(self) -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._handle)
+
+    def _handle(self, signum, frame) -> None:
+        self.signal = signum
+
+    def agreed(self, dist: DistInfo, device: torch.device) -> bool:
+        """True on all ranks if any rank was signalled (a collective: call at the same step on all)."""
+        flag = torch.tensor([0.0 if self.signal is None else 1.0], device=device)
+        return bool(all_reduce_sum(flag, dist).item() > 0)
+
+
+@dataclass
+class TrainParts:
+    """What one optimization step needs, built by train.py."""
+
+    model: torch.nn.Module  # possibly compiled and DDP-wrapped
+    optimizer: torch.optim.Optimizer
+    scheduler: Any  # timm scheduler, stepped per optimizer step
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    device: torch.device
+    dist: DistInfo
+    amp_dtype: torch.dtype | None = None  # autocast dtype; None = fp32
+    scaler: torch.amp.GradScaler | None = None  # fp16 only
+    ema: torch.nn.Module | None = None  # timm ModelEmaV3
+    mixup: Callable | None = None  # timm Mixup: (images, labels) -> (images, soft targets)
+    grad_accum_steps: int = 1
+    clip_grad_norm: float | None = None
+    global_step: int = 0  # optimizer steps so far, all epochs
+
+
+@dataclass
+class LoopControl:
+    writer: MetricsWriter
+    log_every: int = 50
+    max_steps: int | None = None
+    save_every: int = 0
+    save: Callable[[int, int], None] = lambda epoch, next_step: None  # mid-epoch checkpoint
+    stop: StopFlag = field(default_factory=StopFlag)
+
+
+@dataclass
+class EpochStats:
+    loss: float
+    img_per_s: float
+    data_wait_frac: float
+    steps: int
+    interrupted: bool
+
+
+def _autocast(parts: TrainParts):
+    if parts.amp_dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(parts.device.type, dtype=parts.amp_dtype)
+
+
+def _optimizer_step(p: TrainParts) -> None:
+    if p.scaler is not None:
+        if p.clip_grad_norm:
+            p.scaler.unscale_(p.optimizer)
+            torch.nn.utils.clip_grad_norm_(p.model.parameters(), p.clip_grad_norm)
+        p.scaler.step(p.optimizer)
+        p.scaler.update()
+    else:
+        if p.clip_grad_norm:
+            torch.nn.utils.clip_grad_norm_(p.model.parameters(), p.clip_grad_norm)
+        p.optimizer.step()
+    p.optimizer.zero_grad(set_to_none=True)
+    p.global_step += 1
+    p.scheduler.step_update(num_updates=p.global_step)
+    if p.ema is not None:
+        p.ema.update(p.model, step=p.global_step)
+
+
+def train_one_epoch(
+    p: TrainParts, loader: Iterable, ctl: LoopControl, *, epoch: int, start_step: int = 0
+) -> EpochStats:
+    p.model.train()
+    total = len(loader) if ctl.max_steps is None else min(len(loader), ctl.max_steps)
+    is_ddp = isinstance(p.model, torch.nn.parallel.DistributedDataParallel)
+    progress = Progress(total, f"epoch {epoch}", p.dist.is_main)
+    loss_sum = torch.zeros((), device=p.device)
+    data_time = window_data = 0.0
+    samples = window_samples = 0
+    start = window_start = time.perf_counter()
+    tick = start
+    step = 0
+    interrupted = False
+    for step, (images, labels) in enumerate(loader, start=1):
+        now = time.perf_counter()
+        data_time, window_data = data_time + now - tick, window_data + now - tick
+        targets = labels
+        if p.mixup is not None:
+            images, targets = p.mixup(images, labels)
+        update = step % p.grad_accum_steps == 0 or step == total
+        # No all-reduce on accumulating micro-steps: gradients sum locally until the update.
+        sync = contextlib.nullcontext() if (update or not is_ddp) else p.model.no_sync()
+        with sync:
+            with _autocast(p):
+                loss = p.loss_fn(p.model(images), targets)
+            scaled = loss / p.grad_accum_steps
+            (p.scaler.scale(scaled) if p.scaler is not None else scaled).backward()
+        if update:
+            _optimizer_step(p)
+        loss_sum += loss.detach()
+        samples, window_samples = samples + labels.shape[0], window_samples + labels.shape[0]
+        tick = time.perf_counter()
+        last = step == total
+        if step % ctl.log_every == 0 or last:
+            # Host sync point: the loss value, the agreed stop flag, and the window timings.
+            elapsed = tick - window_start
+            values = {
+                "train/loss": loss.item(),
+                "train/lr": p.optimizer.param_groups[0]["lr"],
+                "perf/img_per_s": window_samples * p.dist.world_size / max(elapsed, 1e-9),
+                "perf/data_wait_frac": window_data / max(elapsed, 1e-9),
+            }
+            if p.device.type == "cuda":
+                values["perf/gpu_mem_gib"] = torch.cuda.max_memory_allocated(p.device) / 2**30
+            ctl.writer.scalars(values, p.global_step)
+            progress.update(
+                step,
+                loss=values["train/loss"],
+                lr=values["train/lr"],
+                img_s=values["perf/img_per_s"],
+                wait=values["perf/data_wait_frac"],
+            )
+            window_start, window_data, window_samples = tick, 0.0, 0
+            if p.dist.enabled and update and not last and ctl.stop.agreed(p.dist, p.device):
+                interrupted = True
+        if not p.dist.enabled and update and ctl.stop.signal is not None and not last:
+            interrupted = True
+        if interrupted or last:
+            break
+        if ctl.save_every and update and p.global_step % ctl.save_every == 0:
+            ctl.save(epoch, start_step + step)
+    progress.close()
+    elapsed = time.perf_counter() - start
+    stats = torch.tensor([loss_sum.item(), step], dtype=torch.float64)
+    all_reduce_sum(stats, p.dist)
+    return EpochStats(
+        loss=stats[0].item() / max(stats[1].item(), 1),
+        img_per_s=samples * p.dist.world_size / max(elapsed, 1e-9),
+        data_wait_frac=data_time / max(elapsed, 1e-9),
+        steps=step,
+        interrupted=interrupted,
+    )
+
+
+@torch.no_grad()
+def evaluate(
+    model: torch.nn.Module,
+    loader: Iterable,
+    *,
+    device: torch.device,
+    dist: DistInfo,
+    amp_dtype: torch.dtype | None = None,
+    max_steps: int | None = None,
+) -> dict[str, float]:
+    """Top-1/top-5 and loss over this rank's val shard, summed as exact counts across ranks."""
+    model.eval()
+    # [correct@1, correct@5, loss sum, samples]; float64 keeps the counts exact
+    totals = torch.zeros(4, dtype=torch.float64, device=device)
+    autocast = torch.autocast(device.type, dtype=amp_dtype) if amp_dtype else contextlib.nullcontext()
+    for i, (images, labels) in enumerate(loader):
+        if max_steps is not None and i >= max_steps:
+            break
+        with autocast:
+            logits = model(images)
+        logits = logits.float()
+        n = labels.shape[0]
+        top1, top5 = accuracy(logits, labels, topk=(1, 5))  # percentages of this batch
+        loss = torch.nn.functional.cross_entropy(logits, labels, reduction="sum")
+        totals += torch.stack([top1 * n / 100, top5 * n / 100, loss, torch.tensor(float(n), device=device)]).double()
+    all_reduce_sum(totals, dist)
+    correct1, correct5, loss_sum, count = totals.tolist()
+    count_int = round(count)
+    return {
+        "top1": 100.0 * round(correct1) / max(count_int, 1),
+        "top5": 100.0 * round(correct5) / max(count_int, 1),
+        "loss": loss_sum / max(count_int, 1),
+        "samples": count_int,
+    }

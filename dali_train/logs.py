@@ -1,0 +1,124 @@
+"""Logging on rank 0: console and file logs, TensorBoard, metrics.jsonl, a progress display.
+
+The writer decides about rank: rank 0 gets real outputs, the other ranks no-ops, so the engine
+never checks which rank it is on.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from dali_train.distributed import DistInfo
+
+
+def setup_logging(dist: DistInfo, run_dir: Path | None) -> None:
+    """Rank 0: INFO to the console and to run_dir/train.log; others: WARNING+, prefixed."""
+    root = logging.getLogger()
+    for h in list(root.handlers):  # Hydra installs its own; ours replace them
+        root.removeHandler(h)
+    prefix = "" if dist.is_main else f"[rank {dist.rank}] "
+    fmt = logging.Formatter(f"%(asctime)s {prefix}%(levelname).1s %(name)s: %(message)s", "%H:%M:%S")
+    console = logging.StreamHandler(sys.stdout)
+    console.setFormatter(fmt)
+    root.addHandler(console)
+    if dist.is_main and run_dir is not None:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        file = logging.FileHandler(run_dir / "train.log")
+        file.setFormatter(fmt)
+        root.addHandler(file)
+    root.setLevel(logging.INFO if dist.is_main else logging.WARNING)
+    for noisy in ("PIL", "matplotlib", "torch._dynamo", "torch._inductor"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+class MetricsWriter:
+    """TensorBoard scalars and per-epoch JSON lines; a no-op except on rank 0."""
+
+    def __init__(self, run_dir: Path, enabled: bool) -> None:
+        self.enabled, self.run_dir = enabled, run_dir
+        self._tb = None
+        if enabled:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
+
+    def scalars(self, values: dict[str, float], step: int) -> None:
+        if self._tb is not None:
+            for tag, v in values.items():
+                if v is not None and math.isfinite(v):
+                    self._tb.add_scalar(tag, v, step)
+
+    def epoch(self, record: dict[str, Any]) -> None:
+        if self.enabled:
+            with open(self.run_dir / "metrics.jsonl", "a") as f:
+                f.write(json.dumps(record) + "\n")
+            if self._tb is not None:
+                self._tb.flush()
+
+    def summary(self, record: dict[str, Any]) -> None:
+        if self.enabled:
+            tmp = self.run_dir / ".summary.json.tmp"
+            tmp.write_text(json.dumps(record, indent=2) + "\n")
+            tmp.replace(self.run_dir / "summary.json")
+
+    def close(self) -> None:
+        if self._tb is not None:
+            self._tb.close()
+
+
+class Progress:
+    """Per-step progress on rank 0: a tqdm bar on a terminal, plain log lines otherwise."""
+
+    def __init__(self, total: int, desc: str, enabled: bool) -> None:
+        self.total, self.desc, self.start = total, desc, time.perf_counter()
+        self.enabled = enabled
+        self._bar = None
+        if enabled and sys.stdout.isatty():
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=total, desc=desc, dynamic_ncols=True, leave=False)
+        self._done = 0
+
+    def update(self, done: int, **fields: float) -> None:
+        """Called at log intervals only (the values come from a host sync)."""
+        if not self.enabled:
+            return
+        text = " ".join(f"{k} {v:.4g}" for k, v in fields.items())
+        if self._bar is not None:
+            self._bar.update(done - self._done)
+            self._bar.set_postfix_str(text)
+        else:
+            elapsed = time.perf_counter() - self.start
+            eta = elapsed / max(done, 1) * (self.total - done)
+            logging.getLogger("dali_train.progress").info(
+                "%s %d/%d [%s<%s] %s", self.desc, done, self.total, _hms(elapsed), _hms(eta), text
+            )
+        self._done = done
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+
+
+def _hms(seconds: float) -> str:
+    m, s = divmod(int(seconds), 60)
+    h, m = divmod(m, 60)
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m:02d}:{s:02d}"
+
+
+def input_bound_verdict(data_wait_frac: float, loader_name: str) -> str:
+    """One sentence for the end of a run: was the model starved by the loader?"""
+    if data_wait_frac <= 0.10:
+        return f"not input-bound: the loader kept up (data wait {data_wait_frac:.1%} of step time)"
+    hint = {
+        "pytorch": "switch to loader=dali (GPU decode) or raise loader.num_workers",
+        "dali_cpu": "switch to loader=dali (GPU decode) or raise loader.num_threads",
+        "dali": "raise loader.num_threads or loader.hw_decoder_load, or loader.prefetch_queue_depth",
+    }.get(loader_name, "check the storage read speed")
+    return f"input-bound: {data_wait_frac:.1%} of step time waited on loader={loader_name}; {hint}"

@@ -1,0 +1,116 @@
+"""Run setup between the config and the loop: option checks, device, precision, seeding, and
+wrapping the model for training (to device → channels_last → SyncBN → EMA → compile → DDP)."""
+
+from __future__ import annotations
+
+import logging
+import random
+
+import numpy as np
+import torch
+from timm.data import Mixup
+from timm.loss import SoftTargetCrossEntropy
+from timm.utils import ModelEmaV3
+
+from dali_train.distributed import DistInfo
+from dali_train.errors import UserError
+
+log = logging.getLogger(__name__)
+
+AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "off": None}
+DEVICES = ("auto", "cpu", "cuda")
+
+
+def check_options(cfg) -> None:
+    """Option values the schema's types cannot check; raises UserError with the valid choices."""
+    from dali_train.data import LOADER_NAMES
+    from dali_train.optim import OPTIMIZER_NAMES, SCHEDULER_NAMES
+
+    choices = {
+        "loader.name": (cfg.loader.name, LOADER_NAMES),
+        "optimizer.name": (cfg.optimizer.name, OPTIMIZER_NAMES),
+        "scheduler.name": (cfg.scheduler.name, SCHEDULER_NAMES),
+        "trainer.amp": (cfg.trainer.amp, tuple(AMP_DTYPES)),
+        "trainer.device": (cfg.trainer.device, DEVICES),
+    }
+    for key, (value, valid) in choices.items():
+        if value not in valid:
+            raise UserError(f"{key}={value}: unknown; choose one of {', '.join(valid)}")
+    positive = {
+        "loader.batch_size": cfg.loader.batch_size,
+        "trainer.grad_accum_steps": cfg.trainer.grad_accum_steps,
+        "trainer.epochs": cfg.trainer.epochs,
+        "trainer.log_every_n_steps": cfg.trainer.log_every_n_steps,
+    }
+    for key, value in positive.items():
+        if value < 1:
+            raise UserError(f"{key}={value}: must be at least 1")
+    if cfg.trainer.device == "cuda" and not torch.cuda.is_available():
+        raise UserError("trainer.device=cuda: no CUDA device is visible; use trainer.device=cpu or auto")
+    if cfg.trainer.eval_only and not (cfg.trainer.resume or cfg.model.pretrained):
+        raise UserError("trainer.eval_only=true needs trainer.resume=PATH or model.pretrained=PATH")
+    if (cfg.trainer.mixup_alpha or cfg.trainer.cutmix_alpha) and cfg.loader.batch_size % 2:
+        raise UserError(f"loader.batch_size={cfg.loader.batch_size}: Mixup/CutMix needs an even batch size")
+
+
+def select_device(name: str, dist: DistInfo) -> torch.device:
+    if name == "cpu" or (name == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    return torch.device("cuda", dist.local_rank % torch.cuda.device_count())
+
+
+def amp_dtype_for(name: str, device: torch.device) -> torch.dtype | None:
+    """Autocast dtype; fp32 on CPU, where bf16 autocast is slow on most CPUs."""
+    return AMP_DTYPES[name] if device.type == "cuda" else None
+
+
+def seed_all(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def configure_backends(device: torch.device, *, deterministic: bool, cudnn_benchmark: bool) -> None:
+    if deterministic:
+        torch.use_deterministic_algorithms(True, warn_only=True)
+    if device.type == "cuda":
+        torch.backends.cudnn.benchmark = cudnn_benchmark and not deterministic
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+
+
+def prepare_model(
+    model: torch.nn.Module,
+    device: torch.device,
+    dist: DistInfo,
+    *,
+    channels_last: bool,
+    sync_bn: bool,
+    ema_decay: float | None,
+    compile: bool,
+) -> tuple[torch.nn.Module, ModelEmaV3 | None]:
+    """The order matters: EMA copies the model on its device before compile/DDP wrap it (timm's
+    rule), and compile comes before DDP so DDP's hooks see the compiled graph's buckets."""
+    model = model.to(device)
+    if channels_last and device.type == "cuda":
+        model = model.to(memory_format=torch.channels_last)
+    if sync_bn and dist.enabled:
+        model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    ema = ModelEmaV3(model, decay=ema_decay, device=device) if ema_decay else None
+    if compile:
+        model = torch.compile(model)
+    if dist.enabled:
+        ids = [device.index] if device.type == "cuda" else None
+        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=ids)
+    return model, ema
+
+
+def build_loss(label_smoothing: float, mixup_alpha: float, cutmix_alpha: float, num_classes: int):
+    """(train loss, mixup or None): soft-target CE when Mixup/CutMix mixes labels (the smoothing
+    then goes into the mixed targets), plain CE with label smoothing otherwise."""
+    if mixup_alpha or cutmix_alpha:
+        mixup = Mixup(
+            mixup_alpha=mixup_alpha, cutmix_alpha=cutmix_alpha, label_smoothing=label_smoothing, num_classes=num_classes
+        )
+        return SoftTargetCrossEntropy(), mixup
+    return torch.nn.CrossEntropyLoss(label_smoothing=label_smoothing), None
