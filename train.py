@@ -125,7 +125,8 @@ def run(cfg: DictConfig) -> float:
         )
 
     started, epoch_stats, metrics = time.perf_counter(), [], {}
-    epochs = range(start_epoch, start_epoch if tc.eval_only else tc.epochs)
+    end_epoch = tc.epochs if tc.epochs_per_job is None else min(tc.epochs, start_epoch + tc.epochs_per_job)
+    epochs = range(start_epoch, start_epoch if tc.eval_only else end_epoch)
     for epoch in epochs:
         loaders.train.set_epoch(epoch, start_step)
         stats = train_one_epoch(parts, loaders.train, ctl, epoch=epoch, start_step=start_step)

@@ -92,7 +92,8 @@ class SchedulerConfig:
 
 @dataclass
 class TrainerConfig:
-    epochs: int = 5  # training epochs
+    epochs: int = 5  # training epochs (the schedule's length)
+    epochs_per_job: int | None = None  # stop after this many epochs in one job; resume continues
     device: str = "auto"  # auto | cpu | cuda
     resume: str | None = None  # checkpoint path, or auto = checkpoints/last.pt of this run dir
     eval_only: bool = False  # evaluate the resumed/pretrained model and exit

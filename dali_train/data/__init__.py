@@ -6,9 +6,10 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, Protocol
+from typing import Protocol
 
 import torch
 
@@ -75,22 +76,46 @@ def build_loaders(cfg, dist: DistInfo, device: torch.device, *, half: bool) -> L
         raise DatasetError(f"loader.name={lc.name}: unknown; choose one of {', '.join(LOADER_NAMES)}")
     channels_last = device.type == "cuda" and cfg.trainer.channels_last
     if lc.name == "synthetic":
-        common = dict(batch_size=lc.batch_size, num_classes=lc.synthetic_num_classes, device=device,
-                      half=half, channels_last=channels_last)
+        common = dict(
+            batch_size=lc.batch_size,
+            num_classes=lc.synthetic_num_classes,
+            device=device,
+            half=half,
+            channels_last=channels_last,
+        )
         train = SyntheticLoader(steps=lc.synthetic_steps, size=data.train_size, seed=cfg.seed + dist.rank, **common)
         val = SyntheticLoader(steps=lc.synthetic_val_steps, size=data.val_size, seed=cfg.seed + 1, **common)
         n_train = lc.synthetic_steps * lc.batch_size * dist.world_size
-        return Loaders(train, val, lc.synthetic_num_classes, n_train, lc.synthetic_val_steps * lc.batch_size * dist.world_size, None)
+        return Loaders(
+            train,
+            val,
+            lc.synthetic_num_classes,
+            n_train,
+            lc.synthetic_val_steps * lc.batch_size * dist.world_size,
+            None,
+        )
 
     if data.generate_sample:
         prepare_sample_data(data.root, dist)
     dataset = scan_dataset(data.root, exclude_list=data.exclude_list, verify=data.verify_files)
     transform = Transform(
-        crop_scale=tuple(data.crop_scale), crop_ratio=tuple(data.crop_ratio), val_resize=data.val_resize,
-        val_size=data.val_size, mean=tuple(data.mean), std=tuple(data.std), half=half, channels_last=channels_last,
+        crop_scale=tuple(data.crop_scale),
+        crop_ratio=tuple(data.crop_ratio),
+        val_resize=data.val_resize,
+        val_size=data.val_size,
+        mean=tuple(data.mean),
+        std=tuple(data.std),
+        half=half,
+        channels_last=channels_last,
     )
-    common = dict(batch_size=lc.batch_size, dist=dist, device=device, transform=transform, seed=cfg.seed,
-                  train_size_at=progressive_size(data))
+    common = dict(
+        batch_size=lc.batch_size,
+        dist=dist,
+        device=device,
+        transform=transform,
+        seed=cfg.seed,
+        train_size_at=progressive_size(data),
+    )
     if lc.name == "pytorch":
         extra = dict(num_workers=lc.num_workers, pin_memory=lc.pin_memory, persistent_workers=lc.persistent_workers)
         train = TorchLoader(dataset.train, train=True, **common, **extra)
@@ -100,9 +125,12 @@ def build_loaders(cfg, dist: DistInfo, device: torch.device, *, half: bool) -> L
         if lc.name == "dali" and placement.decoder == "cpu":
             log.warning("loader=dali: no CUDA device, so DALI decodes on CPU threads (as loader=dali_cpu)")
         settings = DaliSettings(
-            num_threads=lc.num_threads, prefetch_queue_depth=lc.prefetch_queue_depth,
-            hw_decoder_load=lc.hw_decoder_load, preallocate_width_hint=lc.preallocate_width_hint,
-            preallocate_height_hint=lc.preallocate_height_hint, device_memory_padding=lc.device_memory_padding,
+            num_threads=lc.num_threads,
+            prefetch_queue_depth=lc.prefetch_queue_depth,
+            hw_decoder_load=lc.hw_decoder_load,
+            preallocate_width_hint=lc.preallocate_width_hint,
+            preallocate_height_hint=lc.preallocate_height_hint,
+            device_memory_padding=lc.device_memory_padding,
             host_memory_padding=lc.host_memory_padding,
         )
         train = DaliLoader(dataset.train, train=True, placement=placement, settings=settings, **common)
@@ -112,7 +140,15 @@ def build_loaders(cfg, dist: DistInfo, device: torch.device, *, half: bool) -> L
     log.info(
         "data: %s, %d classes, %d train / %d val files; loader=%s, batch %d per rank × %d ranks = %d global; "
         "%d steps/epoch (%d files repeated to fill the last global batch)",
-        data.root, dataset.num_classes, len(dataset.train), len(dataset.val), lc.name, lc.batch_size,
-        dist.world_size, lc.batch_size * dist.world_size, steps, padding,
+        data.root,
+        dataset.num_classes,
+        len(dataset.train),
+        len(dataset.val),
+        lc.name,
+        lc.batch_size,
+        dist.world_size,
+        lc.batch_size * dist.world_size,
+        steps,
+        padding,
     )
     return Loaders(train, val, dataset.num_classes, len(dataset.train), len(dataset.val), dataset)

@@ -16,8 +16,8 @@ pipeline build per epoch (well under a second next to an ImageNet epoch).
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator, Optional
 
 import torch
 from nvidia.dali import fn, pipeline_def, types
@@ -34,10 +34,10 @@ log = logging.getLogger(__name__)
 class Placement:
     decoder: str  # "mixed" (nvJPEG on the GPU) or "cpu"
     gpu_post: bool  # resize/flip/normalize on the GPU
-    device_id: Optional[int]  # CUDA device of the pipeline; None = CPU-only pipeline
+    device_id: int | None  # CUDA device of the pipeline; None = CPU-only pipeline
 
     @staticmethod
-    def choose(loader_name: str, device: torch.device) -> "Placement":
+    def choose(loader_name: str, device: torch.device) -> Placement:
         if device.type != "cuda":
             return Placement("cpu", False, None)
         return Placement("mixed" if loader_name == "dali" else "cpu", True, device.index or 0)
@@ -137,7 +137,9 @@ def _val_pipeline(files, labels, shard_id, num_shards, placement, settings, t):
         stick_to_shard=True,
         name="Reader",
     )
-    images = fn.decoders.image(jpegs, device=placement.decoder, output_type=types.RGB, **_decoder_kwargs(placement, settings))
+    images = fn.decoders.image(
+        jpegs, device=placement.decoder, output_type=types.RGB, **_decoder_kwargs(placement, settings)
+    )
     if placement.gpu_post and placement.decoder == "cpu":
         images = images.gpu()
     images = fn.resize(images, resize_shorter=t.val_resize, interp_type=types.INTERP_TRIANGULAR)
@@ -167,12 +169,15 @@ class DaliLoader:
         self.settings, self.transform, self.seed = settings, transform, seed
         self.train_size_at = train_size_at  # epoch -> crop side (progressive resizing)
         self.epoch, self.start_step = 0, 0
-        self._iterator: Optional[DALIGenericIterator] = None
+        self._iterator: DALIGenericIterator | None = None
 
     def __len__(self) -> int:
         if self.train:
             return steps_per_epoch(len(self.split), self.batch_size, self.dist.world_size) - self.start_step
-        shard = len(self.split) * (self.dist.rank + 1) // self.dist.world_size - len(self.split) * self.dist.rank // self.dist.world_size
+        shard = (
+            len(self.split) * (self.dist.rank + 1) // self.dist.world_size
+            - len(self.split) * self.dist.rank // self.dist.world_size
+        )
         return -(-shard // self.batch_size)
 
     def set_epoch(self, epoch: int, start_step: int = 0) -> None:

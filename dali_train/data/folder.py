@@ -13,7 +13,6 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
 from dali_train.errors import UserError
 
@@ -58,11 +57,12 @@ def list_classes(split_dir: Path) -> list[str]:
     return classes
 
 
-def sniff(path: str) -> Optional[str]:
+def sniff(path: str) -> str | None:
     """Why `path` cannot be decoded, or None if its header (and JPEG trailer) look right.
 
     Two small reads per file: the leading bytes name the format, whatever the extension says
-    (a PNG named .JPEG decodes fine); a JPEG must end with the EOI marker, or it is truncated.
+    (a PNG named .JPEG decodes fine); a JPEG must end with the EOI marker, or it is truncated
+    (DALI's decoder would stop the whole pipeline on it mid-epoch).
     """
     try:
         with open(path, "rb") as f:
@@ -73,8 +73,10 @@ def sniff(path: str) -> Optional[str]:
             if kind is None:
                 return "not an image (unknown header)"
             if kind == "jpeg":
-                f.seek(-2, os.SEEK_END)
-                if f.read(2) != b"\xff\xd9":
+                # EOI cannot occur inside entropy-coded data (0xFF is byte-stuffed there), so its
+                # presence near the end means the scan finished; some writers pad after it.
+                f.seek(max(-1024, -os.fstat(f.fileno()).st_size), os.SEEK_END)
+                if b"\xff\xd9" not in f.read():
                     return "truncated JPEG (no end-of-image marker)"
     except OSError as e:
         return f"unreadable ({e.strerror})"
@@ -85,7 +87,7 @@ def find_bad_files(files: list[str], threads: int = 32) -> list[tuple[str, str]]
     """(path, reason) for every file that `sniff` rejects; I/O-bound, so threads in parallel."""
     with ThreadPoolExecutor(max_workers=threads) as pool:
         reasons = list(pool.map(sniff, files, chunksize=256))
-    return [(f, r) for f, r in zip(files, reasons) if r is not None]
+    return [(f, r) for f, r in zip(files, reasons, strict=True) if r is not None]
 
 
 def read_exclude_list(path: str) -> set[str]:
@@ -105,7 +107,9 @@ def scan_split(
     classes = list_classes(split_dir)
     unknown = sorted(set(classes) - set(class_names))
     if unknown:
-        raise DatasetError(f"{split_dir}: class folder(s) {unknown[:3]} not in {root / 'train'}; splits must share classes")
+        raise DatasetError(
+            f"{split_dir}: class folder(s) {unknown[:3]} not in {root / 'train'}; splits must share classes"
+        )
     index = {c: i for i, c in enumerate(class_names)}
     files, labels, excluded = [], [], []
     for c in classes:
@@ -125,7 +129,7 @@ def scan_split(
         bad = find_bad_files(files)
         if bad:
             bad_set = {p for p, _ in bad}
-            keep = [(f, lab) for f, lab in zip(files, labels) if f not in bad_set]
+            keep = [(f, lab) for f, lab in zip(files, labels, strict=True) if f not in bad_set]
             files, labels = [f for f, _ in keep], [lab for _, lab in keep]
             excluded.extend(bad)
     if not files:
@@ -144,7 +148,7 @@ class ImageFolderDataset:
         return len(self.classes)
 
 
-def scan_dataset(root: str, *, exclude_list: Optional[str] = None, verify: bool = True) -> ImageFolderDataset:
+def scan_dataset(root: str, *, exclude_list: str | None = None, verify: bool = True) -> ImageFolderDataset:
     """List and check both splits of an ImageNet-layout folder; bad files are skipped with a warning."""
     path = Path(root).expanduser()
     if not str(root) or not path.is_dir():

@@ -8,7 +8,7 @@ and a horizontal flip for train, resize of the shorter side then center crop for
 
 from __future__ import annotations
 
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 from torch.utils.data import DataLoader, Dataset
@@ -121,13 +121,19 @@ class TorchLoader:
             kwargs = dict(self.loader_kwargs, persistent_workers=False)
             torch_generator = torch.Generator().manual_seed(self.seed * 1009 + self.epoch * 31 + self.dist.rank)
             loader = DataLoader(
-                self._dataset(), batch_size=self.batch_size, sampler=indices, drop_last=True,
-                generator=torch_generator, **kwargs,
+                self._dataset(),
+                batch_size=self.batch_size,
+                sampler=indices,
+                drop_last=True,
+                generator=torch_generator,
+                **kwargs,
             )
         else:
             if self._loader is None:
                 self._loader = DataLoader(
-                    self._dataset(), batch_size=self.batch_size, sampler=list(self._val_indices()),
+                    self._dataset(),
+                    batch_size=self.batch_size,
+                    sampler=list(self._val_indices()),
                     **self.loader_kwargs,
                 )
             loader = self._loader

@@ -13,9 +13,9 @@ import colorsys
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from typing import Callable, Optional
 
 import numpy as np
 from PIL import Image
@@ -25,7 +25,9 @@ def class_name(c: int) -> str:
     return f"n{c:08d}"  # ImageNet-style wnid, sorted order == class index
 
 
-def synthetic_image(seed: int, split: str, c: int, i: int, num_classes: int, width: int, height: int, noise: float) -> Image.Image:
+def synthetic_image(
+    seed: int, split: str, c: int, i: int, num_classes: int, width: int, height: int, noise: float
+) -> Image.Image:
     rng = np.random.default_rng([seed, 0 if split == "train" else 1, c, i])
     yy, xx = np.mgrid[0:height, 0:width].astype(np.float32)
     # Background: smooth random colour field plus pixel noise (the noise sets the JPEG size).
@@ -67,7 +69,7 @@ def make_image_folder(
     noise: float = 12.0,
     seed: int = 0,
     workers: int = 1,
-    progress: Optional[Callable[[int], None]] = None,
+    progress: Callable[[int], None] | None = None,
 ) -> Path:
     """Write `root/{train,val}/<class>/*.JPEG`; built in a temp folder and renamed into place, so
     a concurrent or interrupted run never leaves a half-written dataset at `root`."""

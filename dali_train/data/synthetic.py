@@ -6,7 +6,7 @@ what the GPU can compute, and `e2e img/s ÷ synthetic img/s` is the share of it 
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 
@@ -15,8 +15,16 @@ class SyntheticLoader:
     """Batches `(images, labels)` on `device`; see `data.Loader`."""
 
     def __init__(
-        self, *, steps: int, batch_size: int, size: int, num_classes: int, device: torch.device,
-        half: bool, channels_last: bool, seed: int,
+        self,
+        *,
+        steps: int,
+        batch_size: int,
+        size: int,
+        num_classes: int,
+        device: torch.device,
+        half: bool,
+        channels_last: bool,
+        seed: int,
     ) -> None:
         g = torch.Generator().manual_seed(seed)
         images = torch.randn(batch_size, 3, size, size, generator=g)

@@ -1,0 +1,106 @@
+"""Folder scanning: class indices, exclude list, and what happens to each kind of bad file."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from dali_train.data.folder import DatasetError, scan_dataset
+from dali_train.data.sample import synthetic_image
+
+
+def make_tree(root: Path, classes=("a", "b"), per_class=3) -> Path:
+    for split in ("train", "val"):
+        for c in classes:
+            (root / split / c).mkdir(parents=True)
+            for i in range(per_class):
+                synthetic_image(0, split, 0, i, 2, 90, 70, 10).save(root / split / c / f"ok{i}.JPEG", quality=90)
+    return root
+
+
+@pytest.fixture
+def bad_tree(tmp_path) -> Path:
+    """One of each kind of bad file a real crawl of images contains."""
+    root = make_tree(tmp_path / "ds")
+    img = synthetic_image(0, "train", 1, 9, 2, 90, 70, 10)
+    a, b = root / "train" / "a", root / "train" / "b"
+    img.convert("CMYK").save(a / "cmyk.JPEG", quality=90)
+    img.convert("L").save(a / "gray.JPEG", quality=90)
+    img.save(a / "png.JPEG", format="PNG")
+    data = (a / "ok0.JPEG").read_bytes()
+    (b / "truncated.JPEG").write_bytes(data[: len(data) // 2])
+    (b / "zero.JPEG").write_bytes(b"")
+    (b / "text.JPEG").write_text("not an image")
+    (b / "notes.txt").write_text("ignored: not an image extension")
+    (b / "padded.JPEG").write_bytes(data + b"\x00" * 100)  # valid: some writers pad after EOI
+    return root
+
+
+def test_classes_are_sorted_folder_names_shared_by_both_splits(tmp_path):
+    root = make_tree(tmp_path / "ds", classes=("zebra", "apple", "mango"))
+    ds = scan_dataset(str(root))
+    assert ds.classes == ["apple", "mango", "zebra"]
+    assert [Path(f).parent.name for f in ds.val.files] == [ds.classes[i] for i in ds.val.labels]
+
+
+def test_val_may_lack_a_class_but_keeps_train_indices(tmp_path):
+    root = make_tree(tmp_path / "ds", classes=("a", "b", "c"))
+    for f in (root / "val" / "a").iterdir():
+        f.unlink()
+    (root / "val" / "a").rmdir()
+    ds = scan_dataset(str(root))
+    assert set(ds.val.labels) == {1, 2}
+
+
+def test_bad_files_are_skipped_with_their_reason_and_the_rest_decodes(bad_tree, caplog):
+    ds = scan_dataset(str(bad_tree))
+    skipped = {Path(p).name: reason for p, reason in ds.train.excluded}
+    assert set(skipped) == {"truncated.JPEG", "zero.JPEG", "text.JPEG"}
+    assert "truncated" in skipped["truncated.JPEG"] and "zero-byte" in skipped["zero.JPEG"]
+    kept = {Path(f).name for f in ds.train.files}
+    assert {"cmyk.JPEG", "gray.JPEG", "png.JPEG", "padded.JPEG"} <= kept
+    assert "notes.txt" not in kept
+    assert "truncated.JPEG" in caplog.text  # the warning names the file
+
+
+def test_exclude_list_is_honoured(bad_tree, tmp_path):
+    exclude = tmp_path / "exclude.txt"
+    exclude.write_text("# from scan_dataset.py\ntrain/a/cmyk.JPEG\n")
+    ds = scan_dataset(str(bad_tree), exclude_list=str(exclude))
+    assert "cmyk.JPEG" not in {Path(f).name for f in ds.train.files}
+
+
+@pytest.mark.parametrize(
+    "breakage, message",
+    [
+        ("missing_root", "no such folder"),
+        ("empty_root", "empty"),
+        ("no_val", "not a folder"),
+        ("no_class_folders", "no class folders"),
+        ("empty_class", "has no images"),
+        ("val_unknown_class", "not in"),
+    ],
+)
+def test_bad_folders_fail_with_one_line_naming_the_path(tmp_path, breakage, message):
+    root = tmp_path / "ds"
+    if breakage == "empty_root":
+        root.mkdir()
+    elif breakage != "missing_root":
+        make_tree(root)
+    if breakage == "no_val":
+        os.system(f"rm -r {root / 'val'}")
+    elif breakage == "no_class_folders":
+        os.system(f"rm -r {root / 'train'}/*")
+    elif breakage == "empty_class":
+        (root / "train" / "c").mkdir()
+    elif breakage == "val_unknown_class":
+        (root / "val" / "zzz").mkdir()
+        Image.new("RGB", (8, 8)).save(root / "val" / "zzz" / "x.JPEG")
+    with pytest.raises(DatasetError) as err:
+        scan_dataset(str(root))
+    text = str(err.value)
+    assert message in text and "\n" not in text
+    assert str(tmp_path) in text

@@ -1,0 +1,202 @@
+"""train.py end to end, as users run it: subprocesses, real DALI CPU pipelines, torchrun + gloo."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from tests.conftest import REPO, TINY, read_json, run_train
+
+SUMMARY_KEYS = {"val_top1", "val_top5", "best_val_top1", "val_samples", "epochs", "world_size", "train_img_s"}
+EPOCH_KEYS = {"epoch", "train_loss", "val_loss", "val_top1", "val_top5", "train_img_s", "lr"}
+
+
+def test_one_epoch_one_process_writes_every_output(sample_root, tmp_path):
+    run = tmp_path / "run"
+    run_train([*TINY, f"data.root={sample_root}", "trainer.epochs=1", f"hydra.run.dir={run}"])
+    summary = read_json(run / "summary.json")
+    assert SUMMARY_KEYS <= set(summary)
+    assert summary["val_samples"] == 100 and summary["world_size"] == 1 and summary["epochs"] == 1
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert len(records) == 1 and EPOCH_KEYS <= set(records[0])
+    assert (run / ".hydra" / "config.yaml").is_file() and (run / "train.log").is_file()
+    assert list((run / "tensorboard").glob("events.out.tfevents.*"))
+    state = torch.load(run / "checkpoints" / "last.pt", map_location="cpu", weights_only=False)
+    assert state["next_epoch"] == 1 and state["model_name"] == "resnet18"
+    assert not any(k.startswith(("module.", "_orig_mod.")) for k in state["model"])
+    assert (run / "checkpoints" / "best.pt").is_file()
+
+
+@pytest.mark.slow
+def test_two_processes_share_one_run_dir_and_count_val_exactly(small_root, tmp_path):
+    run_train([*TINY, f"data.root={small_root}", "trainer.epochs=1", "loader.batch_size=8"], nproc=2, cwd=tmp_path)
+    run_dirs = [p for p in (tmp_path / "outputs").glob("*/*") if p.is_dir()]
+    assert len(run_dirs) == 1, run_dirs
+    summary = read_json(run_dirs[0] / "summary.json")
+    assert summary["world_size"] == 2 and summary["val_samples"] == 50
+    assert summary["global_batch"] == 16
+    torch.load(run_dirs[0] / "checkpoints" / "last.pt", map_location="cpu", weights_only=False)
+
+
+def test_resume_continues_at_the_next_epoch(small_root, tmp_path):
+    first, second = tmp_path / "a", tmp_path / "b"
+    run_train([*TINY, f"data.root={small_root}", "trainer.epochs=1", f"hydra.run.dir={first}"])
+    proc = run_train(
+        [
+            *TINY,
+            f"data.root={small_root}",
+            "trainer.epochs=2",
+            f"hydra.run.dir={second}",
+            f"trainer.resume={first / 'checkpoints' / 'last.pt'}",
+        ]
+    )
+    assert "resumed from" in proc.stdout and "at epoch 1" in proc.stdout
+    records = [json.loads(line) for line in (second / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in records] == [1]
+
+
+@pytest.mark.slow
+def test_resume_equals_an_uninterrupted_run(small_root, tmp_path):
+    common = [*TINY, f"data.root={small_root}", "trainer.deterministic=true", "loader.batch_size=8"]
+    straight, half, rest = tmp_path / "straight", tmp_path / "half", tmp_path / "rest"
+    run_train([*common, "trainer.epochs=2", f"hydra.run.dir={straight}"])
+    run_train([*common, "trainer.epochs=2", "trainer.epochs_per_job=1", f"hydra.run.dir={half}"])
+    run_train(
+        [*common, "trainer.epochs=2", f"hydra.run.dir={rest}", f"trainer.resume={half / 'checkpoints' / 'last.pt'}"]
+    )
+    a = torch.load(straight / "checkpoints" / "last.pt", map_location="cpu", weights_only=False)
+    b = torch.load(rest / "checkpoints" / "last.pt", map_location="cpu", weights_only=False)
+    assert a["global_step"] == b["global_step"]
+    for k, v in a["model"].items():
+        torch.testing.assert_close(b["model"][k], v, rtol=0, atol=1e-6, msg=f"{k} differs after resume")
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["data=imagenet", "data.root=/nonexistent/imagenet"], "data.root=/nonexistent/imagenet: no such folder"),
+        (["data=imagenet", "data.root={empty}"], "the folder is empty"),
+        (["data=imagenet", "data.root={nosplit}"], "not a folder"),
+        (["data=imagenet", "data.root={emptyclass}"], "class folder has no images"),
+        (
+            ["trainer.resume=/nonexistent/last.pt", "data.root={sample}"],
+            "trainer.resume=/nonexistent/last.pt: no such file",
+        ),
+        (["model.name=resnet_nonexistent", "data.root={sample}"], "not a timm model"),
+        (["trainer.amp=fp8", "data.root={sample}"], "trainer.amp=fp8: unknown; choose one of"),
+    ],
+)
+def test_user_errors_are_one_line_with_exit_code_2(sample_root, tmp_path, args, message):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "nosplit" / "train" / "a").mkdir(parents=True)
+    (tmp_path / "nosplit" / "train" / "a" / "x.JPEG").write_bytes(next(sample_root.glob("train/*/*.JPEG")).read_bytes())
+    (tmp_path / "emptyclass" / "train" / "a").mkdir(parents=True)
+    (tmp_path / "emptyclass" / "val" / "a").mkdir(parents=True)
+    paths = {
+        "empty": tmp_path / "empty",
+        "nosplit": tmp_path / "nosplit",
+        "emptyclass": tmp_path / "emptyclass",
+        "sample": sample_root,
+    }
+    args = [a.format(**paths) for a in args]
+    proc = run_train([*TINY, *args, f"hydra.run.dir={tmp_path / 'run'}"], check=False, timeout=180)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr and "Traceback" not in proc.stdout
+    error_lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(error_lines) == 1 and message in error_lines[0], proc.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_sigterm_finishes_the_step_saves_last_pt_and_exits(sample_root, tmp_path):
+    run = tmp_path / "run"
+    cmd = [
+        sys.executable,
+        str(REPO / "train.py"),
+        *TINY,
+        f"data.root={sample_root}",
+        "trainer.epochs=50",
+        "trainer.log_every_n_steps=1",
+        f"hydra.run.dir={run}",
+    ]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    output = []
+    deadline = time.time() + 180
+    for line in proc.stdout:
+        output.append(line)
+        if "epoch 0 3/" in line or time.time() > deadline:
+            proc.send_signal(signal.SIGTERM)
+            break
+    rest, _ = proc.communicate(timeout=120)
+    text = "".join(output) + rest
+    assert proc.returncode == 128 + signal.SIGTERM, text[-3000:]
+    assert "stopped by signal" in text
+    state = torch.load(run / "checkpoints" / "last.pt", map_location="cpu", weights_only=False)
+    assert state["next_epoch"] == 0 and state["next_step"] >= 3  # mid-epoch: resume skips trained batches
+    resumed = run_train(
+        [*TINY, f"data.root={sample_root}", "trainer.epochs=1", f"hydra.run.dir={run}", "trainer.resume=auto"]
+    )
+    assert f"at epoch 0 step {state['next_step']}" in resumed.stdout
+
+
+@pytest.mark.slow
+def test_ema_mixup_cutmix_label_smoothing_grad_accum(sample_root, tmp_path):
+    run = tmp_path / "run"
+    run_train(
+        [
+            *TINY,
+            f"data.root={sample_root}",
+            "trainer.epochs=1",
+            f"hydra.run.dir={run}",
+            "trainer.ema=true",
+            "trainer.ema_decay=0.9",
+            "trainer.mixup_alpha=0.2",
+            "trainer.cutmix_alpha=1.0",
+            "trainer.label_smoothing=0.1",
+            "trainer.grad_accum_steps=2",
+            "trainer.clip_grad_norm=5.0",
+            "optimizer=adamw",
+            "optimizer.lr=1e-3",
+        ]
+    )
+    summary = read_json(run / "summary.json")
+    assert summary["val_samples"] == 100 and summary["global_batch"] == 32
+    state = torch.load(run / "checkpoints" / "last.pt", map_location="cpu", weights_only=False)
+    assert state["ema"] is not None and state["global_step"] == 13  # 25 micro-batches -> 13 updates
+    assert any(not torch.equal(state["ema"][k], state["model"][k]) for k in state["model"] if k.endswith("weight"))
+
+
+def test_eval_only_and_a_checkpoint_of_another_model(sample_root, tmp_path):
+    run = tmp_path / "run"
+    run_train([*TINY, f"data.root={sample_root}", "trainer.epochs=1", f"hydra.run.dir={run}"])
+    last = run / "checkpoints" / "last.pt"
+    ev = tmp_path / "eval"
+    run_train(
+        [*TINY, f"data.root={sample_root}", "trainer.eval_only=true", f"trainer.resume={last}", f"hydra.run.dir={ev}"]
+    )
+    assert read_json(ev / "summary.json")["val_top1"] == read_json(run / "summary.json")["val_top1"]
+    proc = run_train(
+        [
+            *TINY,
+            f"data.root={sample_root}",
+            "model=resnet50",
+            f"trainer.resume={last}",
+            f"hydra.run.dir={tmp_path / 'other'}",
+        ],
+        check=False,
+    )
+    assert proc.returncode == 2 and "checkpoint is of model resnet18, this run builds resnet50" in proc.stderr
+
+
+def test_demo_learns_the_sample_set(sample_root, tmp_path):
+    """The sample set's class signal is learnable: well above the 10% of chance in 3 short epochs."""
+    run = tmp_path / "run"
+    run_train(["trainer.device=cpu", f"data.root={sample_root}", "trainer.epochs=3", f"hydra.run.dir={run}"])
+    assert read_json(run / "summary.json")["best_val_top1"] > 50.0
