@@ -19,7 +19,6 @@ import time
 from pathlib import Path
 
 import hydra
-import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
@@ -27,20 +26,10 @@ from dali_train import checkpoint as ckpt
 from dali_train.config import register_configs
 from dali_train.data import build_loaders
 from dali_train.distributed import barrier, init_distributed, shared_run_stamp, shutdown
-from dali_train.engine import LoopControl, StopFlag, TrainParts, evaluate, train_one_epoch
+from dali_train.engine import LoopControl, StopFlag, evaluate, train_one_epoch
 from dali_train.errors import UserError
 from dali_train.logs import MetricsWriter, input_bound_verdict, setup_logging
-from dali_train.models import build_model
-from dali_train.optim import build_optimizer, build_scheduler
-from dali_train.runtime import (
-    amp_dtype_for,
-    build_loss,
-    check_options,
-    configure_backends,
-    prepare_model,
-    seed_all,
-    select_device,
-)
+from dali_train.runtime import amp_dtype_for, build_train_parts, check_options, configure_backends, select_device
 
 log = logging.getLogger("dali_train")
 
@@ -58,42 +47,11 @@ def run(cfg: DictConfig) -> float:
     stop = StopFlag()
     stop.install()
 
-    # Data. Rank-dependent seeds come after the model so that every rank initializes it alike.
+    # Data, then the model and its optimizer (runtime.build_train_parts keeps the wrap order).
     loaders = build_loaders(cfg, dist, device, half=amp_dtype is not None)
-    seed_all(cfg.seed)
-    model = build_model(
-        cfg.model.name, loaders.num_classes, drop_path_rate=cfg.model.drop_path_rate, pretrained=cfg.model.pretrained
-    )
-    seed_all(cfg.seed + 1000 * dist.rank)
-    model, ema = prepare_model(
-        model,
-        device,
-        dist,
-        channels_last=tc.channels_last,
-        sync_bn=tc.sync_bn,
-        ema_decay=tc.ema_decay if tc.ema else None,
-        compile=tc.compile,
-    )
-    loss_fn, mixup = build_loss(tc.label_smoothing, tc.mixup_alpha, tc.cutmix_alpha, loaders.num_classes)
+    parts = build_train_parts(cfg, dist, device, num_classes=loaders.num_classes, loader_steps=len(loaders.train))
+    model, ema, optimizer = parts.model, parts.ema, parts.optimizer
     global_batch = cfg.loader.batch_size * dist.world_size * tc.grad_accum_steps
-    updates_per_epoch = max(len(loaders.train) // tc.grad_accum_steps, 1)
-    optimizer = build_optimizer(cfg.optimizer, model, global_batch=global_batch)
-    scheduler = build_scheduler(cfg.scheduler, optimizer, steps_per_epoch=updates_per_epoch, epochs=tc.epochs)
-    scaler = torch.amp.GradScaler(device.type) if amp_dtype == torch.float16 else None
-    parts = TrainParts(
-        model,
-        optimizer,
-        scheduler,
-        loss_fn,
-        device,
-        dist,
-        amp_dtype,
-        scaler,
-        ema,
-        mixup,
-        tc.grad_accum_steps,
-        tc.clip_grad_norm,
-    )
 
     # Restore.
     start_epoch, start_step, best_top1 = 0, 0, float("-inf")

@@ -102,12 +102,32 @@ def _optimizer_step(p: TrainParts) -> None:
         p.ema.update(p.model, step=p.global_step)
 
 
+def train_step(p: TrainParts, images: torch.Tensor, labels: torch.Tensor, *, update: bool) -> torch.Tensor:
+    """Forward and backward of one micro-batch, then the optimizer step when `update`.
+
+    Returns the (unscaled) loss tensor; nothing here waits for the GPU.
+    """
+    targets = labels
+    if p.mixup is not None:
+        images, targets = p.mixup(images, labels)
+    is_ddp = isinstance(p.model, torch.nn.parallel.DistributedDataParallel)
+    # No all-reduce on accumulating micro-steps: gradients sum locally until the update.
+    sync = contextlib.nullcontext() if (update or not is_ddp) else p.model.no_sync()
+    with sync:
+        with _autocast(p):
+            loss = p.loss_fn(p.model(images), targets)
+        scaled = loss / p.grad_accum_steps
+        (p.scaler.scale(scaled) if p.scaler is not None else scaled).backward()
+    if update:
+        _optimizer_step(p)
+    return loss
+
+
 def train_one_epoch(
     p: TrainParts, loader: Iterable, ctl: LoopControl, *, epoch: int, start_step: int = 0
 ) -> EpochStats:
     p.model.train()
     total = len(loader) if ctl.max_steps is None else min(len(loader), ctl.max_steps)
-    is_ddp = isinstance(p.model, torch.nn.parallel.DistributedDataParallel)
     progress = Progress(total, f"epoch {epoch}", p.dist.is_main)
     loss_sum = torch.zeros((), device=p.device)
     data_time = window_data = 0.0
@@ -119,19 +139,8 @@ def train_one_epoch(
     for step, (images, labels) in enumerate(loader, start=1):
         now = time.perf_counter()
         data_time, window_data = data_time + now - tick, window_data + now - tick
-        targets = labels
-        if p.mixup is not None:
-            images, targets = p.mixup(images, labels)
         update = step % p.grad_accum_steps == 0 or step == total
-        # No all-reduce on accumulating micro-steps: gradients sum locally until the update.
-        sync = contextlib.nullcontext() if (update or not is_ddp) else p.model.no_sync()
-        with sync:
-            with _autocast(p):
-                loss = p.loss_fn(p.model(images), targets)
-            scaled = loss / p.grad_accum_steps
-            (p.scaler.scale(scaled) if p.scaler is not None else scaled).backward()
-        if update:
-            _optimizer_step(p)
+        loss = train_step(p, images, labels, update=update)
         loss_sum += loss.detach()
         samples, window_samples = samples + labels.shape[0], window_samples + labels.shape[0]
         tick = time.perf_counter()

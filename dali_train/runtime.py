@@ -13,7 +13,10 @@ from timm.loss import SoftTargetCrossEntropy
 from timm.utils import ModelEmaV3
 
 from dali_train.distributed import DistInfo
+from dali_train.engine import TrainParts
 from dali_train.errors import UserError
+from dali_train.models import build_model
+from dali_train.optim import build_optimizer, build_scheduler
 
 log = logging.getLogger(__name__)
 
@@ -114,3 +117,47 @@ def build_loss(label_smoothing: float, mixup_alpha: float, cutmix_alpha: float, 
         )
         return SoftTargetCrossEntropy(), mixup
     return torch.nn.CrossEntropyLoss(label_smoothing=label_smoothing), None
+
+
+def build_train_parts(cfg, dist: DistInfo, device: torch.device, *, num_classes: int, loader_steps: int) -> TrainParts:
+    """Model, EMA, loss, optimizer, schedule and scaler for `cfg` (the whole run config).
+
+    The model is initialized from `cfg.seed` on every rank alike (EMA copies it before DDP would
+    broadcast rank 0's weights); rank-dependent RNG streams start after it.
+    """
+    tc = cfg.trainer
+    seed_all(cfg.seed)
+    model = build_model(
+        cfg.model.name, num_classes, drop_path_rate=cfg.model.drop_path_rate, pretrained=cfg.model.pretrained
+    )
+    seed_all(cfg.seed + 1000 * dist.rank)
+    model, ema = prepare_model(
+        model,
+        device,
+        dist,
+        channels_last=tc.channels_last,
+        sync_bn=tc.sync_bn,
+        ema_decay=tc.ema_decay if tc.ema else None,
+        compile=tc.compile,
+    )
+    loss_fn, mixup = build_loss(tc.label_smoothing, tc.mixup_alpha, tc.cutmix_alpha, num_classes)
+    global_batch = cfg.loader.batch_size * dist.world_size * tc.grad_accum_steps
+    optimizer = build_optimizer(cfg.optimizer, model, global_batch=global_batch)
+    updates_per_epoch = max(loader_steps // tc.grad_accum_steps, 1)
+    scheduler = build_scheduler(cfg.scheduler, optimizer, steps_per_epoch=updates_per_epoch, epochs=tc.epochs)
+    amp_dtype = amp_dtype_for(tc.amp, device)
+    scaler = torch.amp.GradScaler(device.type) if amp_dtype == torch.float16 else None
+    return TrainParts(
+        model,
+        optimizer,
+        scheduler,
+        loss_fn,
+        device,
+        dist,
+        amp_dtype,
+        scaler,
+        ema,
+        mixup,
+        tc.grad_accum_steps,
+        tc.clip_grad_norm,
+    )

@@ -181,9 +181,11 @@ class DaliLoader:
         return -(-shard // self.batch_size)
 
     def set_epoch(self, epoch: int, start_step: int = 0) -> None:
-        if self.train and (epoch, start_step) != (self.epoch, self.start_step):
-            self._iterator = None  # the next __iter__ builds this epoch's pipeline
+        """Build this epoch's train pipeline now: DALI starts prefetching before the first step,
+        and the build stays out of the epoch's step timing."""
         self.epoch, self.start_step = epoch, start_step
+        if self.train:
+            self._iterator = self._build()
 
     def _pipe_kwargs(self, seed: int) -> dict:
         s, p = self.settings, self.placement

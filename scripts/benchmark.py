@@ -1,0 +1,262 @@
+#!/usr/bin/env python
+"""Throughput benchmark built from the app's own loaders, model builder and training step.
+
+Modes (a list; all run in one process so their ratios compare like with like):
+  loader  loader-only img/s for each of --loaders (decode + augment, no model)
+  model   training steps on synthetic batches already on the device: the model-only ceiling
+  e2e     training steps fed by each of --loaders
+`--compare` = all three, then the ratios that matter: e2e ÷ model ceiling, dali ÷ pytorch.
+Warm-up steps are excluded; each figure is the median of --repeats timed windows.
+
+    python scripts/benchmark.py --compare --models resnet50 resnet18 --loaders dali pytorch \\
+        --compile off on --out bench/ -- data=imagenet data.root=data/synthetic loader.batch_size=256
+    python scripts/benchmark.py --modes loader --loaders dali_cpu --steps 3 --warmup 1 -- trainer.device=cpu ...
+
+Everything after `--` is a Hydra override of conf/ (as for train.py). Writes results.json,
+results.md and results.png (if matplotlib is installed) to --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+
+import torch  # noqa: E402
+from hydra import compose, initialize_config_dir  # noqa: E402
+
+from dali_train.config import register_configs  # noqa: E402
+from dali_train.data import build_loaders  # noqa: E402
+from dali_train.distributed import init_distributed  # noqa: E402
+from dali_train.engine import train_step  # noqa: E402
+from dali_train.runtime import amp_dtype_for, build_train_parts, configure_backends, select_device  # noqa: E402
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+
+
+def make_cfg(overrides: list[str]):
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose("config", overrides=overrides)
+
+
+def endless(loader):
+    """Batches across epoch boundaries (each boundary builds the next epoch's pipeline, as in training)."""
+    for epoch in itertools.count():
+        loader.set_epoch(epoch)
+        yield from loader
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed_windows(batches, work, *, device, batch_size, steps, warmup, repeats) -> dict:
+    """Run `work(images, labels)` per batch; time `repeats` windows of `steps` after `warmup`."""
+    for _ in range(warmup):
+        work(*next(batches))
+    sync(device)
+    rates, waits = [], []
+    for _ in range(repeats):
+        wait, start = 0.0, time.perf_counter()
+        for _ in range(steps):
+            t = time.perf_counter()
+            images, labels = next(batches)
+            wait += time.perf_counter() - t
+            work(images, labels)
+        sync(device)
+        elapsed = time.perf_counter() - start
+        rates.append(steps * batch_size / elapsed)
+        waits.append(wait / elapsed)
+    return {"img_s": statistics.median(rates), "img_s_all": rates, "data_wait_frac": statistics.median(waits)}
+
+
+def bench_loader(cfg, dist, device, half, args) -> dict:
+    loaders = build_loaders(cfg, dist, device, half=half)
+    return timed_windows(
+        endless(loaders.train),
+        lambda x, y: None,
+        device=device,
+        batch_size=cfg.loader.batch_size,
+        steps=args.steps,
+        warmup=args.warmup,
+        repeats=args.repeats,
+    )
+
+
+def bench_training(cfg, dist, device, parts, loaders, args) -> dict:
+    parts.model.train()
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    result = timed_windows(
+        endless(loaders.train),
+        lambda x, y: train_step(parts, x, y, update=True),
+        device=device,
+        batch_size=cfg.loader.batch_size,
+        steps=args.steps,
+        warmup=args.warmup,
+        repeats=args.repeats,
+    )
+    if device.type == "cuda":
+        result["peak_mem_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
+    return result
+
+
+def run(args) -> list[dict]:
+    dist = init_distributed()
+    rows = []
+    base = make_cfg(args.overrides)
+    device = select_device(base.trainer.device, dist)
+    configure_backends(device, deterministic=False, cudnn_benchmark=True)
+    half = amp_dtype_for(base.trainer.amp, device) is not None
+    if "loader" in args.modes:
+        for name in args.loaders:
+            cfg = make_cfg([*args.overrides, f"loader={name}", *args.loader_overrides.get(name, [])])
+            r = bench_loader(cfg, dist, device, half, args)
+            rows.append({"mode": "loader", "loader": name, "model": "-", "compile": "-", **r})
+            print(f"loader-only {name}: {r['img_s']:.0f} img/s", flush=True)
+    for model, compile_ in itertools.product(args.models, args.compile):
+        common = [*args.overrides, f"model.name={model}", f"trainer.compile={compile_ == 'on'}"]
+        loaders_by_name = {}
+        if "model" in args.modes:
+            loaders_by_name["synthetic"] = make_cfg([*common, "loader=synthetic"])
+        if "e2e" in args.modes:
+            for name in args.loaders:
+                loaders_by_name[name] = make_cfg([*common, f"loader={name}", *args.loader_overrides.get(name, [])])
+        parts = None
+        num_classes = None
+        for name, cfg in loaders_by_name.items():
+            if name == "synthetic" and num_classes is not None:
+                cfg.loader.synthetic_num_classes = num_classes
+            loaders = build_loaders(cfg, dist, device, half=half)
+            if parts is None:  # one model per (model, compile): e2e and model-only share it
+                num_classes = loaders.num_classes
+                parts = build_train_parts(cfg, dist, device, num_classes=num_classes, loader_steps=len(loaders.train))
+            r = bench_training(cfg, dist, device, parts, loaders, args)
+            mode = "model" if name == "synthetic" else "e2e"
+            rows.append({"mode": mode, "loader": name, "model": model, "compile": compile_, **r})
+            print(
+                f"{mode} {model} compile={compile_} {name}: {r['img_s']:.0f} img/s, "
+                f"data wait {r['data_wait_frac']:.1%}",
+                flush=True,
+            )
+    return rows
+
+
+def ratios(rows: list[dict]) -> list[str]:
+    out = []
+    ceiling = {(r["model"], r["compile"]): r["img_s"] for r in rows if r["mode"] == "model"}
+    for r in rows:
+        if r["mode"] == "e2e" and (r["model"], r["compile"]) in ceiling:
+            out.append(
+                f"e2e {r['loader']} ÷ model-only, {r['model']} compile={r['compile']}: "
+                f"{r['img_s'] / ceiling[(r['model'], r['compile'])]:.1%}"
+            )
+    for mode in ("loader", "e2e"):
+        by = {(r["model"], r["compile"], r["loader"]): r["img_s"] for r in rows if r["mode"] == mode}
+        for (model, comp, name), v in by.items():
+            if name == "dali" and (model, comp, "pytorch") in by:
+                out.append(f"{mode} dali ÷ pytorch ({model}, compile={comp}): {v / by[(model, comp, 'pytorch')]:.2f}×")
+    return out
+
+
+def write_outputs(rows: list[dict], notes: list[str], out: Path, args) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    env = {
+        "date": time.strftime("%Y-%m-%d"),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "device": torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or "cpu",
+    }
+    try:
+        import nvidia.dali as dali
+
+        env["dali"] = dali.__version__
+    except ImportError:
+        pass
+    (out / "results.json").write_text(
+        json.dumps({"env": env, "argv": sys.argv, "rows": rows, "ratios": notes}, indent=2)
+    )
+    lines = [f"{k}: {v}" for k, v in env.items()] + [
+        "",
+        "| mode | model | compile | loader | img/s | data wait | peak GiB |",
+        "|---|---|---|---|---:|---:|---:|",
+    ]
+    for r in rows:
+        mem = f"{r['peak_mem_gib']:.1f}" if "peak_mem_gib" in r else "-"
+        lines.append(
+            f"| {r['mode']} | {r['model']} | {r['compile']} | {r['loader']} | {r['img_s']:.0f} | "
+            f"{r['data_wait_frac']:.1%} | {mem} |"
+        )
+    lines += [""] + [f"- {n}" for n in notes]
+    (out / "results.md").write_text("\n".join(lines) + "\n")
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    labels = [f"{r['mode']}\n{r['model']}/{r['compile']}\n{r['loader']}" for r in rows]
+    fig, ax = plt.subplots(figsize=(max(6, len(rows) * 1.1), 4))
+    ax.bar(
+        range(len(rows)),
+        [r["img_s"] for r in rows],
+        color=["C0" if r["mode"] == "loader" else "C1" if r["mode"] == "model" else "C2" for r in rows],
+    )
+    ax.set_xticks(range(len(rows)), labels, fontsize=7)
+    ax.set_ylabel("images / s")
+    ax.set_title(f"dali-train benchmark ({env['device']})")
+    fig.tight_layout()
+    fig.savefig(out / "results.png", dpi=120)
+
+
+def parse_args(argv: list[str]):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--modes", nargs="+", default=["loader", "model", "e2e"], choices=["loader", "model", "e2e"])
+    ap.add_argument("--compare", action="store_true", help="all modes, then the ratios")
+    ap.add_argument("--loaders", nargs="+", default=["dali", "pytorch"], choices=["dali", "dali_cpu", "pytorch"])
+    ap.add_argument("--models", nargs="+", default=["resnet50"], help="timm model names")
+    ap.add_argument("--compile", nargs="+", default=["off"], choices=["off", "on"])
+    ap.add_argument("--steps", type=int, default=50, help="batches per timed window")
+    ap.add_argument("--warmup", type=int, default=20, help="batches before timing (cudnn autotune, compile)")
+    ap.add_argument("--repeats", type=int, default=3, help="timed windows; the median is reported")
+    ap.add_argument(
+        "--loader-set",
+        action="append",
+        default=[],
+        metavar="LOADER:KEY=VALUE",
+        help="an override for one loader only, e.g. pytorch:loader.num_workers=16",
+    )
+    ap.add_argument("--out", default="outputs/benchmark", help="folder for results.{json,md,png}")
+    own, _, overrides = (argv + ["--"])[: (argv + ["--"]).index("--")], None, argv[(argv + ["--"]).index("--") + 1 :]
+    args = ap.parse_args(own)
+    args.overrides = overrides
+    args.loader_overrides = {}
+    for item in args.loader_set:
+        name, _, kv = item.partition(":")
+        args.loader_overrides.setdefault(name, []).append(kv)
+    if args.compare:
+        args.modes = ["loader", "model", "e2e"]
+    return args
+
+
+def main() -> None:
+    args = parse_args(sys.argv[1:])
+    rows = run(args)
+    notes = ratios(rows)
+    write_outputs(rows, notes, Path(args.out), args)
+    print("\n".join(notes))
+    print((Path(args.out) / "results.md").read_text())
+
+
+if __name__ == "__main__":
+    main()
