@@ -94,6 +94,15 @@ def broadcast_object(obj: object, info: DistInfo) -> object:
     return holder[0]
 
 
+def all_gather_lists(items: list, info: DistInfo) -> list:
+    """The concatenation of every rank's `items` (small lists: pickled over the CPU group)."""
+    if not info.enabled:
+        return items
+    parts: list[list] = [[] for _ in range(info.world_size)]
+    torch_dist.all_gather_object(parts, items)
+    return [x for part in parts for x in part]
+
+
 def all_reduce_sum(tensor: torch.Tensor, info: DistInfo) -> torch.Tensor:
     """In-place sum across ranks (a GPU sync point when the tensor is on CUDA)."""
     if info.enabled:

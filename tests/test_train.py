@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -36,11 +37,17 @@ def test_one_epoch_one_process_writes_every_output(sample_root, tmp_path):
 
 @pytest.mark.slow
 def test_two_processes_share_one_run_dir_and_count_val_exactly(small_root, tmp_path):
-    run_train([*TINY, f"data.root={small_root}", "trainer.epochs=1", "loader.batch_size=8"], nproc=2, cwd=tmp_path)
+    data = tmp_path / "data"
+    shutil.copytree(small_root, data)
+    good = next(data.glob("train/*/*.JPEG")).read_bytes()
+    (data / "train" / "n00000003" / "truncated.JPEG").write_bytes(good[: len(good) // 2])
+    (data / "val" / "n00000007" / "zero.JPEG").write_bytes(b"")
+    proc = run_train([*TINY, f"data.root={data}", "trainer.epochs=1", "loader.batch_size=8"], nproc=2, cwd=tmp_path)
+    assert "skipping" in proc.stdout and "truncated.JPEG" in proc.stdout and "zero.JPEG" in proc.stdout
     run_dirs = [p for p in (tmp_path / "outputs").glob("*/*") if p.is_dir()]
     assert len(run_dirs) == 1, run_dirs
     summary = read_json(run_dirs[0] / "summary.json")
-    assert summary["world_size"] == 2 and summary["val_samples"] == 50
+    assert summary["world_size"] == 2 and summary["val_samples"] == 50  # the zero-byte file is skipped
     assert summary["global_batch"] == 16
     torch.load(run_dirs[0] / "checkpoints" / "last.pt", map_location="cpu", weights_only=False)
 

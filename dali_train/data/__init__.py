@@ -13,10 +13,10 @@ from typing import Protocol
 
 import torch
 
-from dali_train.data.folder import DatasetError, ImageFolderDataset, scan_dataset
+from dali_train.data.folder import DatasetError, ImageFolderDataset, find_bad_files, scan_dataset, warn_excluded
 from dali_train.data.order import steps_per_epoch
 from dali_train.data.sample import make_image_folder
-from dali_train.distributed import DistInfo, barrier
+from dali_train.distributed import DistInfo, all_gather_lists, barrier
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +97,12 @@ def build_loaders(cfg, dist: DistInfo, device: torch.device, *, half: bool) -> L
 
     if data.generate_sample:
         prepare_sample_data(data.root, dist)
-    dataset = scan_dataset(data.root, exclude_list=data.exclude_list, verify=data.verify_files)
+    dataset = scan_dataset(data.root, exclude_list=data.exclude_list, verify=False)
+    if data.verify_files:
+        # Each rank checks 1/world of the files; all ranks then drop the union of what was found.
+        files = dataset.train.files + dataset.val.files
+        dataset = dataset.without(all_gather_lists(find_bad_files(files[dist.rank :: dist.world_size]), dist))
+        warn_excluded(dataset)
     transform = Transform(
         crop_scale=tuple(data.crop_scale),
         crop_ratio=tuple(data.crop_ratio),

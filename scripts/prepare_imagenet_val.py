@@ -1,0 +1,88 @@
+#!/usr/bin/env python
+"""Sort the flat ILSVRC2012 validation folder into class folders: val/<wnid>/<file>.JPEG.
+
+The 50,000 val images ship flat (ILSVRC2012_val_00000001.JPEG ...); training tools want
+val/<class>/. Ground truth, in either form:
+  --labels LOC_val_solution.csv         Kaggle's CSV: ImageId,PredictionString ("n01751748 x y ...")
+  --labels ground_truth.txt --synsets synsets.txt
+                                        devkit's ILSVRC2012_validation_ground_truth.txt (one class
+                                        ID 1..1000 per line, in file order) and the 1000 wnids in
+                                        ILSVRC2012 ID order (one per line)
+
+    python scripts/prepare_imagenet_val.py /data/imagenet/val --labels LOC_val_solution.csv --dry-run
+    python scripts/prepare_imagenet_val.py /data/imagenet/val --labels LOC_val_solution.csv
+
+Files are moved (or --copy'd) inside the val folder; nothing is overwritten; --dry-run only prints.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import shutil
+import sys
+from collections import Counter
+from pathlib import Path
+
+
+def read_labels(labels: Path, synsets: Path | None, files: list[str]) -> dict[str, str]:
+    """file stem -> wnid."""
+    if labels.suffix == ".csv":
+        with open(labels, newline="") as f:
+            rows = csv.DictReader(f)
+            if not rows.fieldnames or not {"ImageId", "PredictionString"} <= set(rows.fieldnames):
+                sys.exit(f"error: --labels {labels}: expected the columns ImageId,PredictionString")
+            return {r["ImageId"]: r["PredictionString"].split()[0] for r in rows}
+    if synsets is None:
+        sys.exit(f"error: --labels {labels}: a ground-truth ID list needs --synsets (the 1000 wnids in ID order)")
+    wnids = [line.split()[0] for line in synsets.read_text().splitlines() if line.strip()]
+    ids = [int(line) for line in labels.read_text().split()]
+    if len(ids) != len(files):
+        sys.exit(f"error: --labels {labels}: {len(ids)} labels for {len(files)} images in the folder")
+    if max(ids) > len(wnids):
+        sys.exit(f"error: --synsets {synsets}: {len(wnids)} wnids, but labels go up to {max(ids)}")
+    return {Path(f).stem: wnids[i - 1] for f, i in zip(sorted(files), ids, strict=True)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("val_dir", help="the flat folder of validation images")
+    ap.add_argument("--labels", required=True, help="LOC_val_solution.csv, or the devkit's ground-truth ID list")
+    ap.add_argument("--synsets", help="the 1000 wnids in ILSVRC2012 ID order (with a ground-truth ID list)")
+    ap.add_argument("--copy", action="store_true", help="copy instead of move")
+    ap.add_argument("--dry-run", action="store_true", help="print what would happen, change nothing")
+    args = ap.parse_args()
+    val = Path(args.val_dir)
+    if not val.is_dir():
+        sys.exit(f"error: {val}: no such folder")
+    files = sorted(p.name for p in val.iterdir() if p.is_file() and p.suffix.lower() in (".jpeg", ".jpg"))
+    if not files:
+        sys.exit(f"error: {val}: no flat .JPEG files (already sorted into class folders?)")
+    labels_path = Path(args.labels)
+    if not labels_path.is_file():
+        sys.exit(f"error: --labels {labels_path}: no such file")
+    wnid_of = read_labels(labels_path, Path(args.synsets) if args.synsets else None, files)
+    missing = [f for f in files if Path(f).stem not in wnid_of]
+    if missing:
+        sys.exit(f"error: --labels {labels_path}: no label for {len(missing)} files, e.g. {missing[0]}")
+    per_class = Counter(wnid_of[Path(f).stem] for f in files)
+    print(
+        f"{len(files)} images -> {len(per_class)} class folders ({min(per_class.values())}-"
+        f"{max(per_class.values())} images each)"
+    )
+    if args.dry_run:
+        for f in files[:5]:
+            print(f"  {f} -> {wnid_of[Path(f).stem]}/{f}")
+        print("dry run: nothing changed")
+        return
+    for f in files:
+        target = val / wnid_of[Path(f).stem] / f
+        target.parent.mkdir(exist_ok=True)
+        if target.exists():
+            continue
+        (shutil.copy2 if args.copy else shutil.move)(str(val / f), str(target))
+    print(f"done: {val}/<wnid>/")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,74 @@
+#!/usr/bin/env python
+"""Copy an ImageNet-layout folder with every image shrunk to a maximum side of N px (like FFCV's
+500 px ImageNet or fastai's 160 px Imagenette): smaller files, faster decode, same layout.
+
+    python scripts/resize_dataset.py data/imagenette data/imagenette-160 --max-side 160 --quality 90
+
+Images already within N px are re-encoded only if they are not JPEG; output files are JPEG with the
+original name. Files that fail to decode are reported and skipped. Existing outputs are kept, so
+an interrupted run resumes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+from PIL import Image
+from tqdm import tqdm
+
+EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp")
+
+
+def resize_one(job: tuple[str, str, int, int]) -> str | None:
+    src, dst, max_side, quality = job
+    if os.path.exists(dst):
+        return None
+    try:
+        with Image.open(src) as im:
+            im = im.convert("RGB")
+            if max(im.size) > max_side:
+                scale = max_side / max(im.size)
+                im = im.resize((max(1, round(im.width * scale)), max(1, round(im.height * scale))), Image.LANCZOS)
+            os.makedirs(os.path.dirname(dst), exist_ok=True)
+            tmp = dst + ".tmp"
+            im.save(tmp, format="JPEG", quality=quality)
+            os.replace(tmp, dst)
+    except Exception as e:  # noqa: BLE001 - report any undecodable file, keep going
+        return f"{src}: {type(e).__name__}: {e}"
+    return None
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("src", help="dataset folder: <split>/<class>/<image>")
+    ap.add_argument("dst", help="output folder (same layout)")
+    ap.add_argument("--max-side", type=int, default=160, help="longest side after resizing, px (default 160)")
+    ap.add_argument("--quality", type=int, default=90, help="JPEG quality (default 90)")
+    ap.add_argument("--workers", type=int, default=os.cpu_count(), help="processes (default: all cores)")
+    args = ap.parse_args()
+    src, dst = Path(args.src), Path(args.dst)
+    if not src.is_dir():
+        sys.exit(f"error: {src}: no such folder")
+    jobs = [
+        (str(p), str(dst / p.relative_to(src)), args.max_side, args.quality)
+        for p in sorted(src.glob("*/*/*"))
+        if p.suffix.lower() in EXTENSIONS
+    ]
+    if not jobs:
+        sys.exit(f"error: {src}: no images under <split>/<class>/")
+    with ProcessPoolExecutor(args.workers) as pool:
+        errors = [
+            e for e in tqdm(pool.map(resize_one, jobs, chunksize=32), total=len(jobs), unit="img", disable=None) if e
+        ]
+    for e in errors[:20]:
+        print(f"skipped {e}", file=sys.stderr)
+    size = sum(f.stat().st_size for f in dst.rglob("*") if f.is_file())
+    print(f"{len(jobs) - len(errors)} images in {dst} ({size / 2**20:.1f} MiB); {len(errors)} skipped")
+
+
+if __name__ == "__main__":
+    main()

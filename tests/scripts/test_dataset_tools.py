@@ -1,0 +1,121 @@
+"""The dataset tools in scripts/, run as users run them, on small real JPEG folders."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from dali_train.data.folder import scan_dataset
+from dali_train.data.sample import synthetic_image
+from tests.conftest import REPO
+from tests.data.test_folder import bad_tree  # noqa: F401 - fixture reused
+
+SCRIPTS = [
+    "make_synthetic_imagenet.py",
+    "scan_dataset.py",
+    "resize_dataset.py",
+    "prepare_imagenet_val.py",
+    "benchmark.py",
+]
+
+
+def script(name: str, *args, check: bool = True) -> subprocess.CompletedProcess:
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / name), *map(str, args)], capture_output=True, text=True, timeout=300
+    )
+    if check and proc.returncode:
+        raise AssertionError(proc.stdout + proc.stderr)
+    return proc
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_every_script_has_help(name):
+    assert "usage:" in script(name, "--help").stdout
+
+
+def test_make_synthetic_imagenet_is_deterministic_and_realistic(tmp_path):
+    for out in ("a", "b"):
+        script(
+            "make_synthetic_imagenet.py",
+            "--out",
+            tmp_path / out,
+            "--classes",
+            3,
+            "--train-per-class",
+            2,
+            "--val-per-class",
+            1,
+            "--workers",
+            2,
+        )
+    files = sorted((tmp_path / "a").rglob("*.JPEG"))
+    assert len(files) == 9
+    assert all(f.read_bytes() == (tmp_path / "b" / f.relative_to(tmp_path / "a")).read_bytes() for f in files)
+    with Image.open(files[0]) as im:
+        assert im.size == (500, 375)
+    assert 70_000 < sum(f.stat().st_size for f in files) / len(files) < 160_000
+    assert script("make_synthetic_imagenet.py", "--out", tmp_path / "a", check=False).returncode != 0
+
+
+def test_scan_dataset_classifies_bad_files_and_its_exclude_list_works(bad_tree, tmp_path):  # noqa: F811
+    out = tmp_path / "scan"
+    script("scan_dataset.py", bad_tree, "--out", out, "--workers", 2)
+    report = json.loads(Path(f"{out}.json").read_text())["findings"]
+    assert report["train/b/zero.JPEG"] == ["zero-byte"] and report["train/b/truncated.JPEG"] == ["truncated"]
+    assert report["train/b/text.JPEG"] == ["not-an-image"] and report["train/a/cmyk.JPEG"] == ["cmyk"]
+    assert report["train/a/gray.JPEG"] == ["grayscale"] and report["train/a/png.JPEG"] == ["wrong-content"]
+    exclude = Path(f"{out}_exclude.txt").read_text()
+    assert "train/b/zero.JPEG" in exclude and "train/a/cmyk.JPEG" not in exclude
+    ds = scan_dataset(str(bad_tree), exclude_list=f"{out}_exclude.txt", verify=False)
+    names = {Path(f).name for f in ds.train.files}
+    assert not names & {"zero.JPEG", "truncated.JPEG", "text.JPEG"} and "cmyk.JPEG" in names
+
+
+def test_resize_dataset_keeps_layout_and_caps_the_side(tmp_path):
+    src = tmp_path / "src"
+    for split in ("train", "val"):
+        (src / split / "c").mkdir(parents=True)
+        synthetic_image(0, split, 0, 0, 2, 400, 300, 5).save(src / split / "c" / "x.JPEG")
+    Image.new("RGB", (50, 40)).save(src / "train" / "c" / "small.png")
+    script("resize_dataset.py", src, tmp_path / "dst", "--max-side", 128, "--workers", 2)
+    with Image.open(tmp_path / "dst" / "train" / "c" / "x.JPEG") as im:
+        assert im.size == (128, 96) and im.format == "JPEG"
+    with Image.open(tmp_path / "dst" / "train" / "c" / "small.png") as im:
+        assert im.size == (50, 40)
+    assert (tmp_path / "dst" / "val" / "c" / "x.JPEG").is_file()
+
+
+def test_prepare_imagenet_val_from_csv_and_from_devkit_ids(tmp_path):
+    for form in ("csv", "ids"):
+        val = tmp_path / form / "val"
+        val.mkdir(parents=True)
+        names = [f"ILSVRC2012_val_{i:08d}.JPEG" for i in range(1, 5)]
+        for n in names:
+            Image.new("RGB", (8, 8)).save(val / n)
+        wnids = ["n01440764", "n01443537", "n01440764", "n01484850"]
+        if form == "csv":
+            labels = tmp_path / form / "LOC_val_solution.csv"
+            labels.write_text(
+                "ImageId,PredictionString\n"
+                + "".join(f"{Path(n).stem},{w} 1 2 3 4\n" for n, w in zip(names, wnids, strict=True))
+            )
+            extra = []
+        else:
+            labels, synsets = tmp_path / form / "gt.txt", tmp_path / form / "synsets.txt"
+            synsets.write_text("n01440764\nn01443537\nn01484850\n")
+            labels.write_text("1\n2\n1\n3\n")
+            extra = ["--synsets", synsets]
+        dry = script("prepare_imagenet_val.py", val, "--labels", labels, *extra, "--dry-run")
+        assert "dry run" in dry.stdout and len(list(val.glob("*.JPEG"))) == 4
+        script("prepare_imagenet_val.py", val, "--labels", labels, *extra)
+        assert sorted(p.name for p in val.iterdir()) == ["n01440764", "n01443537", "n01484850"]
+        assert len(list((val / "n01440764").iterdir())) == 2
+    bad = script("prepare_imagenet_val.py", tmp_path / "nope", "--labels", labels, check=False)
+    assert bad.returncode != 0 and "no such folder" in bad.stderr
+    shutil.rmtree(tmp_path / "csv")
