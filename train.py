@@ -101,6 +101,8 @@ def run(cfg: DictConfig) -> float:
             shutdown()
             sys.exit(128 + (stop.signal or 15))
         start_step = 0
+        if epoch + 1 < end_epoch:
+            loaders.train.set_epoch(epoch + 1)  # the next pipeline builds and prefetches during val
         metrics = validate()
         best_top1 = max(best_top1, metrics["top1"])
         epoch_stats.append(stats)

@@ -181,11 +181,14 @@ class DaliLoader:
         return -(-shard // self.batch_size)
 
     def set_epoch(self, epoch: int, start_step: int = 0) -> None:
-        """Build this epoch's train pipeline now: DALI starts prefetching before the first step,
-        and the build stays out of the epoch's step timing."""
-        self.epoch, self.start_step = epoch, start_step
-        if self.train:
+        """Build this epoch's train pipeline now, so DALI prefetches before the first step. A
+        build takes ~2 s on an H200 (decoder and pool setup); train.py calls this for the next
+        epoch before validating, which hides it. Calling again for the same epoch is free."""
+        if self.train and (self._iterator is None or (epoch, start_step) != (self.epoch, self.start_step)):
+            self.epoch, self.start_step = epoch, start_step
+            self._iterator = None  # free the old pipeline before building the next
             self._iterator = self._build()
+        self.epoch, self.start_step = epoch, start_step
 
     def _pipe_kwargs(self, seed: int) -> dict:
         s, p = self.settings, self.placement
