@@ -12,6 +12,7 @@ epoch loop, summary. It returns the best val top-1, the objective of Hydra sweep
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import sys
@@ -192,12 +193,11 @@ def main(cfg: DictConfig) -> float:
         logging.getLogger("dali_train").error("%s", e)
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
-    finally:
-        shutdown()
 
 
 if __name__ == "__main__":
     register_configs()
+    atexit.register(shutdown)  # after all jobs: a multirun reuses the process group between jobs
     # All ranks must write to one run dir: rank 0's timestamp, shared before Hydra resolves it.
     os.environ["DALI_TRAIN_RUN_STAMP"] = shared_run_stamp()
     main()

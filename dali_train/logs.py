@@ -20,8 +20,9 @@ from dali_train.distributed import DistInfo
 def setup_logging(dist: DistInfo, run_dir: Path | None) -> None:
     """Rank 0: INFO to the console and to run_dir/train.log; others: WARNING+, prefixed."""
     root = logging.getLogger()
-    for h in list(root.handlers):  # Hydra installs its own; ours replace them
+    for h in list(root.handlers):  # Hydra's, or the previous multirun job's: ours replace them
         root.removeHandler(h)
+        h.close()
     prefix = "" if dist.is_main else f"[rank {dist.rank}] "
     fmt = logging.Formatter(f"%(asctime)s {prefix}%(levelname).1s %(name)s: %(message)s", "%H:%M:%S")
     console = logging.StreamHandler(sys.stdout)

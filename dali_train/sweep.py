@@ -1,0 +1,81 @@
+"""Sweep results: one table of every job's overrides and metrics, sorted by best val top-1.
+
+`write_sweep_summary(multirun_dir)` reads each job's `.hydra/overrides.yaml` and `summary.json`
+and writes `sweep_summary.md` and `sweep_summary.csv` beside them. It runs by itself at the end
+of every Hydra multirun (`SweepSummaryCallback`, registered in conf/config.yaml) and from
+`scripts/sweep_summary.py DIR` for a sweep run by other means (torchrun per point, SLURM).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import yaml
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig
+
+log = logging.getLogger(__name__)
+
+COLUMNS = ["job", "overrides", "best_val_top1", "val_top1", "val_top5", "train_img_s", "wall_time_s"]
+
+
+def collect(multirun_dir: Path) -> list[dict[str, Any]]:
+    """One row per finished job; `overrides` lists what differs between jobs (the swept values)."""
+    jobs = []
+    for summary in sorted(multirun_dir.glob("*/summary.json")):
+        overrides_file = summary.parent / ".hydra" / "overrides.yaml"
+        overrides = (yaml.safe_load(overrides_file.read_text()) if overrides_file.is_file() else None) or []
+        jobs.append((summary.parent.name, overrides, json.loads(summary.read_text())))
+    common = set.intersection(*(set(o) for _, o, _ in jobs)) if len(jobs) > 1 else set()
+    rows = [
+        {
+            "job": name,
+            "overrides": " ".join(o for o in overrides if o not in common),
+            **{k: s.get(k) for k in COLUMNS[2:]},
+        }
+        for name, overrides, s in jobs
+    ]
+    return sorted(rows, key=lambda r: -(r["best_val_top1"] if r["best_val_top1"] is not None else float("-inf")))
+
+
+def write_sweep_summary(multirun_dir: str | Path) -> list[dict[str, Any]]:
+    """Write sweep_summary.{md,csv} in `multirun_dir`; returns the rows, best first."""
+    root = Path(multirun_dir)
+    rows = collect(root)
+    with open(root / "sweep_summary.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=COLUMNS)
+        writer.writeheader()
+        writer.writerows(rows)
+
+    def fmt(v: Any) -> str:
+        return f"{v:.2f}" if isinstance(v, float) else "" if v is None else str(v)
+
+    lines = [
+        f"# Sweep {root}",
+        "",
+        f"{len(rows)} jobs, sorted by best val top-1.",
+        "",
+        "| " + " | ".join(COLUMNS) + " |",
+        "|" + "---|" * len(COLUMNS),
+    ]
+    lines += ["| " + " | ".join(fmt(r[c]) for c in COLUMNS) + " |" for r in rows]
+    (root / "sweep_summary.md").write_text("\n".join(lines) + "\n")
+    return rows
+
+
+class SweepSummaryCallback(Callback):
+    """Hydra callback: the summary table once all jobs of a multirun have finished."""
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        rows = write_sweep_summary(config.hydra.sweep.dir)
+        if rows:
+            log.info(
+                "sweep summary: %s/sweep_summary.md (best: %s -> %.2f)",
+                config.hydra.sweep.dir,
+                rows[0]["overrides"] or "defaults",
+                rows[0]["best_val_top1"],
+            )

@@ -1,0 +1,36 @@
+#!/usr/bin/env python
+"""Summarize a sweep folder (multirun/DATE/TIME): each job's overrides -> best val top-1, top-5,
+img/s and wall time, sorted by top-1, as sweep_summary.md and sweep_summary.csv in that folder.
+
+    python scripts/sweep_summary.py multirun/2026-11-29/21-10-00
+
+Hydra multiruns write it by themselves at the end; use this for sweeps launched by
+scripts/sweep_torchrun.py or SLURM arrays, or to refresh a table while a sweep is running.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+
+from dali_train.sweep import write_sweep_summary  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("multirun_dir", help="the sweep folder holding one subfolder per job")
+    args = ap.parse_args()
+    root = Path(args.multirun_dir)
+    if not root.is_dir():
+        sys.exit(f"error: {root}: no such folder")
+    rows = write_sweep_summary(root)
+    if not rows:
+        sys.exit(f"error: {root}: no <job>/summary.json found (have the jobs finished?)")
+    print((root / "sweep_summary.md").read_text())
+
+
+if __name__ == "__main__":
+    main()

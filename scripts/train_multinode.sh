@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Multi-node training with torchrun's c10d rendezvous. Run the same command on every node,
+# changing only NODE_RANK; the endpoint is a host:port reachable from all nodes (node 0's).
+#   NNODES=2 NODE_RANK=0 MASTER=node0:29400 bash scripts/train_multinode.sh data=imagenet data.root=/data/imagenet
+#   NNODES=2 NODE_RANK=1 MASTER=node0:29400 bash scripts/train_multinode.sh data=imagenet data.root=/data/imagenet
+# Every node must see the dataset at the same path. The DALI shard of a process is its global rank,
+# so the nodes read disjoint files; all ranks use rank 0's run-dir name (one folder on a shared FS).
+set -euo pipefail
+NNODES=${NNODES:?number of nodes}
+NODE_RANK=${NODE_RANK:?this node's index, 0..NNODES-1}
+MASTER=${MASTER:?host:port of the rendezvous (node 0)}
+NPROC=${NPROC:-$(nvidia-smi -L 2>/dev/null | wc -l || echo 1)}
+RDZV_ID=${RDZV_ID:-dali-train}
+cd "$(dirname "$0")/.."
+exec torchrun --nnodes="$NNODES" --node_rank="$NODE_RANK" --nproc_per_node="$NPROC" \
+  --rdzv_backend c10d --rdzv_endpoint "$MASTER" --rdzv_id "$RDZV_ID" train.py "$@"

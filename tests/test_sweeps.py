@@ -1,0 +1,140 @@
+"""Sweeps and scale-out: Hydra multirun, Optuna, the SLURM launcher config, multi-node torchrun."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dali_train.data.sample import make_image_folder
+from tests.conftest import REPO, TINY, read_json, run_train
+
+pytestmark = pytest.mark.slow
+
+
+def job_dirs(sweep: Path) -> list[Path]:
+    return sorted(p for p in sweep.iterdir() if p.is_dir() and p.name.isdigit())
+
+
+def test_multirun_two_points_each_with_outputs_and_a_summary_table(small_root, tmp_path):
+    sweep = tmp_path / "sweep"
+    run_train(
+        [
+            "-m",
+            *TINY,
+            f"data.root={small_root}",
+            "trainer.epochs=1",
+            "optimizer.lr=0.05,0.2",
+            f"hydra.sweep.dir={sweep}",
+        ],
+        timeout=600,
+    )
+    jobs = job_dirs(sweep)
+    assert [j.name for j in jobs] == ["0", "1"]
+    for j in jobs:
+        assert read_json(j / "summary.json")["val_samples"] == 50
+        assert list((j / "tensorboard").glob("events.out.tfevents.*"))
+    rows = list(csv.DictReader(open(sweep / "sweep_summary.csv")))
+    assert {r["overrides"] for r in rows} == {"optimizer.lr=0.05", "optimizer.lr=0.2"}
+    tops = [float(r["best_val_top1"]) for r in rows]
+    assert tops == sorted(tops, reverse=True)  # best first
+    assert "| job | overrides | best_val_top1" in (sweep / "sweep_summary.md").read_text()
+
+
+def test_optuna_sweep_three_trials(small_root, tmp_path):
+    pytest.importorskip("hydra_plugins.hydra_optuna_sweeper")
+    sweep = tmp_path / "optuna"
+    run_train(
+        [
+            "-m",
+            "+hparams_search=optuna",
+            "hydra.sweeper.n_trials=3",
+            *TINY,
+            f"data.root={small_root}",
+            "trainer.epochs=1",
+            f"hydra.sweep.dir={sweep}",
+        ],
+        timeout=900,
+    )
+    assert len(job_dirs(sweep)) == 3
+    rows = list(csv.DictReader(open(sweep / "sweep_summary.csv")))
+    assert len(rows) == 3 and all("optimizer.lr=" in r["overrides"] for r in rows)
+    assert (sweep / "optimization_results.yaml").is_file()  # Optuna's own record of the best trial
+
+
+def test_slurm_launcher_config_composes_without_slurm():
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
+    proc = run_train(["hydra/launcher=slurm", "--cfg", "hydra"], timeout=120)
+    assert "SlurmLauncher" in proc.stdout and "tasks_per_node: 8" in proc.stdout
+
+
+def test_sweep_torchrun_expands_the_cartesian_product():
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "scripts" / "sweep_torchrun.py"),
+            "--dry-run",
+            "--nproc",
+            "2",
+            "optimizer.lr=0.1,0.2",
+            "model=resnet18,resnet50",
+            "trainer.epochs=3",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    points = [line for line in proc.stdout.splitlines() if line.startswith("[")]
+    assert len(points) == 4 and "optimizer.lr=0.2 model=resnet50 trainer.epochs=3" in proc.stdout
+    assert "--nproc_per_node=2" in proc.stdout
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_nodes_on_localhost_read_disjoint_shards_that_cover_the_dataset(tmp_path):
+    # One image per class: the labels a rank reads name the files it read.
+    root = make_image_folder(tmp_path / "data", num_classes=24, train_per_class=1, val_per_class=1)
+    port = free_port()
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nnodes=2",
+                f"--node_rank={node}",
+                "--nproc_per_node=1",
+                "--rdzv_backend=c10d",
+                f"--rdzv_endpoint=127.0.0.1:{port}",
+                "--rdzv_id=shard-test",
+                str(REPO / "tests" / "helpers" / "shard_probe.py"),
+                str(root),
+                str(tmp_path),
+            ],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for node in (0, 1)
+    ]
+    outputs = [p.communicate(timeout=300)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), outputs
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert all(r["world_size"] == 2 for r in ranks)
+    train = [set(r["train"]) for r in ranks]
+    assert not train[0] & train[1] and train[0] | train[1] == set(range(24))
+    assert len(ranks[0]["train"]) == len(ranks[1]["train"]) == 12
+    assert ranks[0]["val"] + ranks[1]["val"] == list(range(24))  # contiguous val shards, each file once
