@@ -21,7 +21,7 @@ class ProgressiveConfig:
     end_size: int = 192  # train crop side at end_epoch and after, px
     start_epoch: int = 0  # first epoch of the ramp (0-based)
     end_epoch: int = 10  # epoch at which end_size is reached
-    step: int = 32  # sizes are rounded down to a multiple of this (cuDNN-friendly)
+    step: int = 32  # sizes are rounded to the nearest multiple of this, as in FFCV
 
 
 @dataclass
@@ -82,7 +82,7 @@ class OptimizerConfig:
 
 @dataclass
 class SchedulerConfig:
-    name: str = MISSING  # cosine | step
+    name: str = MISSING  # cosine | step | linear
     warmup_epochs: float = 0.0  # linear warmup length, epochs (fractions allowed)
     warmup_lr_init: float = 0.0  # LR at step 0 of the warmup
     min_lr: float = 0.0  # floor of the cosine decay

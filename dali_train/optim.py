@@ -6,7 +6,7 @@ import logging
 
 import torch
 from timm.optim import create_optimizer_v2
-from timm.scheduler import CosineLRScheduler, StepLRScheduler
+from timm.scheduler import CosineLRScheduler, PolyLRScheduler, StepLRScheduler
 from timm.scheduler.scheduler import Scheduler
 
 from dali_train.errors import UserError
@@ -14,7 +14,7 @@ from dali_train.errors import UserError
 log = logging.getLogger(__name__)
 
 OPTIMIZER_NAMES = ("sgd", "adamw", "lamb")
-SCHEDULER_NAMES = ("cosine", "step")
+SCHEDULER_NAMES = ("cosine", "step", "linear")
 
 
 class OptimError(UserError):
@@ -63,6 +63,10 @@ def build_scheduler(cfg_sched, optimizer: torch.optim.Optimizer, *, steps_per_ep
     common = dict(warmup_t=warmup, warmup_lr_init=cfg_sched.warmup_lr_init, warmup_prefix=True, t_in_epochs=False)
     if cfg_sched.name == "cosine":
         return CosineLRScheduler(optimizer, t_initial=max(total - warmup, 1), lr_min=cfg_sched.min_lr, **common)
+    if cfg_sched.name == "linear":  # FFCV's "cyclic": linear up to the peak, linear down to min_lr
+        return PolyLRScheduler(
+            optimizer, t_initial=max(total - warmup, 1), power=1.0, lr_min=cfg_sched.min_lr, **common
+        )
     return StepLRScheduler(
         optimizer,
         decay_t=max(round(cfg_sched.decay_epochs * steps_per_epoch), 1),

@@ -52,7 +52,7 @@ def progressive_size(cfg_data) -> Callable[[int], int]:
     def size_at(epoch: int) -> int:
         frac = min(max((epoch - p.start_epoch) / max(p.end_epoch - p.start_epoch, 1), 0.0), 1.0)
         size = p.start_size + frac * (p.end_size - p.start_size)
-        return max(p.step, int(size) // p.step * p.step)
+        return max(p.step, round(size / p.step) * p.step)
 
     return size_at
 

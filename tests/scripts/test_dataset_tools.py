@@ -13,7 +13,7 @@ from PIL import Image
 
 from dali_train.data.folder import scan_dataset
 from dali_train.data.sample import synthetic_image
-from tests.conftest import REPO
+from tests.conftest import REPO  # noqa: F401 - sample_root comes from conftest
 from tests.data.test_folder import bad_tree  # noqa: F401 - fixture reused
 
 SCRIPTS = [
@@ -22,6 +22,10 @@ SCRIPTS = [
     "resize_dataset.py",
     "prepare_imagenet_val.py",
     "benchmark.py",
+    "sweep_summary.py",
+    "sweep_torchrun.py",
+    "estimate_time.py",
+    "measure_startup.py",
 ]
 
 
@@ -119,3 +123,42 @@ def test_prepare_imagenet_val_from_csv_and_from_devkit_ids(tmp_path):
     bad = script("prepare_imagenet_val.py", tmp_path / "nope", "--labels", labels, check=False)
     assert bad.returncode != 0 and "no such folder" in bad.stderr
     shutil.rmtree(tmp_path / "csv")
+
+
+def test_benchmark_cpu_smoke(sample_root, tmp_path):
+    """The benchmark's tiny CPU mode: dali_cpu and synthetic batches, a few steps, all outputs."""
+    out = tmp_path / "bench"
+    proc = script(
+        "benchmark.py",
+        "--modes",
+        "loader",
+        "model",
+        "e2e",
+        "--loaders",
+        "dali_cpu",
+        "--models",
+        "resnet18",
+        "--steps",
+        2,
+        "--warmup",
+        1,
+        "--repeats",
+        1,
+        "--out",
+        out,
+        "--",
+        "trainer.device=cpu",
+        "data=imagenet",
+        f"data.root={sample_root}",
+        "data.train_size=32",
+        "loader.batch_size=8",
+        "loader.num_threads=2",
+    )
+    rows = json.loads((out / "results.json").read_text())["rows"]
+    assert [(r["mode"], r["loader"]) for r in rows] == [
+        ("loader", "dali_cpu"),
+        ("model", "synthetic"),
+        ("e2e", "dali_cpu"),
+    ]
+    assert all(r["img_s"] > 0 and 0 <= r["data_wait_frac"] <= 1 for r in rows)
+    assert "e2e dali_cpu ÷ model-only" in proc.stdout and (out / "results.md").is_file()

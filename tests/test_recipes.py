@@ -1,0 +1,61 @@
+"""Every recipe in conf/experiment composes, names its source, and runs one short epoch."""
+
+from __future__ import annotations
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+
+from dali_train.config import register_configs
+from tests.conftest import REPO, read_json, run_train
+
+RECIPES = sorted(p.stem for p in (REPO / "conf" / "experiment").glob("*.yaml"))
+
+
+def test_the_recipes_the_docs_promise_exist():
+    expected = {
+        "imagenet_rn50_90ep",
+        "imagenet_rn50_90ep_nvidia",
+        "imagenet_rn18_ffcv_16ep",
+        "imagenet_rn18_ffcv_88ep",
+        "imagenette_128_5ep",
+        "imagenette_128_20ep",
+    } | {f"imagenet_rn50_ffcv_{e}ep" for e in (16, 24, 32, 40, 88)}
+    assert expected <= set(RECIPES)
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_recipe_composes_and_names_its_published_number(recipe):
+    text = (REPO / "conf" / "experiment" / f"{recipe}.yaml").read_text()
+    assert text.startswith("# @package _global_") and ("Published" in text or "best published" in text)
+    register_configs()
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=[f"+experiment={recipe}", "data.root=/data"])
+    GlobalHydra.instance().clear()
+    assert cfg.trainer.epochs >= 5 and cfg.model.name.startswith("resnet")
+    if "ffcv" in recipe:
+        assert cfg.data.progressive.enabled and cfg.scheduler.name == "linear" and cfg.trainer.label_smoothing == 0.1
+
+
+@pytest.mark.slow
+def test_every_recipe_runs_one_short_epoch_on_the_sample_set(sample_root, tmp_path):
+    sweep = tmp_path / "recipes"
+    shrink = [
+        "trainer.device=cpu",
+        f"data.root={sample_root}",
+        "data.train_size=32",
+        "data.val_resize=36",
+        "data.val_size=32",
+        "data.progressive.start_size=32",
+        "data.progressive.end_size=32",
+        "loader.batch_size=8",
+        "loader.num_threads=2",
+        "trainer.max_steps_per_epoch=2",
+        "trainer.max_val_steps=1",
+        "trainer.epochs_per_job=1",
+    ]
+    run_train(["-m", f"+experiment={','.join(RECIPES)}", *shrink, f"hydra.sweep.dir={sweep}"], timeout=900)
+    for n, _ in enumerate(RECIPES):
+        summary = read_json(sweep / str(n) / "summary.json")
+        assert summary["val_samples"] == 8 and summary["train_img_s"] > 0
