@@ -15,6 +15,7 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -78,6 +79,12 @@ def run(cfg: DictConfig) -> float:
     )
     eval_model = ema.module if ema is not None else model  # best is tracked on EMA when it is on
 
+    def exit_on_signal(where: str) -> None:
+        log.warning("stopped by signal %s %s; saved %s", stop.signal, where, run_dir / "checkpoints" / "last.pt")
+        writer.close()
+        shutdown()
+        sys.exit(128 + (stop.signal or signal.SIGTERM))
+
     def validate() -> dict:
         return evaluate(
             eval_model, loaders.val, device=device, dist=dist, amp_dtype=amp_dtype, max_steps=tc.max_val_steps
@@ -91,16 +98,7 @@ def run(cfg: DictConfig) -> float:
         stats = train_one_epoch(parts, loaders.train, ctl, epoch=epoch, start_step=start_step)
         if stats.interrupted:
             save("last.pt", epoch, start_step + stats.steps)
-            log.warning(
-                "stopped by signal %s at epoch %d step %d; saved %s",
-                stop.signal,
-                epoch,
-                start_step + stats.steps,
-                run_dir / "checkpoints" / "last.pt",
-            )
-            writer.close()
-            shutdown()
-            sys.exit(128 + (stop.signal or 15))
+            exit_on_signal(f"at epoch {epoch} step {start_step + stats.steps}")
         start_step = 0
         if epoch + 1 < end_epoch:
             loaders.train.set_epoch(epoch + 1)  # the next pipeline builds and prefetches during val
@@ -110,43 +108,9 @@ def run(cfg: DictConfig) -> float:
         save("last.pt", epoch + 1, 0)
         if metrics["top1"] >= best_top1:
             save("best.pt", epoch + 1, 0)
-        record = {
-            "epoch": epoch,
-            "train_loss": stats.loss,
-            "val_loss": metrics["loss"],
-            "val_top1": metrics["top1"],
-            "val_top5": metrics["top5"],
-            "val_samples": metrics["samples"],
-            "train_img_s": stats.img_per_s,
-            "data_wait_frac": stats.data_wait_frac,
-            "lr": optimizer.param_groups[0]["lr"],
-        }
-        writer.epoch(record)
-        writer.scalars(
-            {
-                "val/top1": metrics["top1"],
-                "val/top5": metrics["top5"],
-                "val/loss": metrics["loss"],
-                "train/epoch_loss": stats.loss,
-            },
-            parts.global_step,
-        )
-        log.info(
-            "epoch %d: train loss %.4f | val loss %.4f top-1 %.2f top-5 %.2f (%d images) | %.0f img/s, "
-            "data wait %.1f%%",
-            epoch,
-            stats.loss,
-            metrics["loss"],
-            metrics["top1"],
-            metrics["top5"],
-            metrics["samples"],
-            stats.img_per_s,
-            100 * stats.data_wait_frac,
-        )
-        if epoch + 1 < tc.epochs and stop.agreed(dist, device):
-            log.warning("stopped by signal %s after epoch %d; last.pt is saved", stop.signal, epoch)
-            shutdown()
-            sys.exit(128 + (stop.signal or 15))
+        writer.log_epoch(epoch, stats, metrics, optimizer.param_groups[0]["lr"], parts.global_step)
+        if epoch + 1 < end_epoch and stop.agreed(dist, device):
+            exit_on_signal(f"after epoch {epoch}")
 
     if not epoch_stats:  # eval_only, or resumed after the last epoch
         metrics = validate()

@@ -62,6 +62,42 @@ class MetricsWriter:
             if self._tb is not None:
                 self._tb.flush()
 
+    def log_epoch(self, epoch: int, stats: Any, metrics: dict[str, float], lr: float, global_step: int) -> None:
+        """One epoch's line in metrics.jsonl, its TensorBoard points and its summary log line."""
+        self.epoch(
+            {
+                "epoch": epoch,
+                "train_loss": stats.loss,
+                "val_loss": metrics["loss"],
+                "val_top1": metrics["top1"],
+                "val_top5": metrics["top5"],
+                "val_samples": metrics["samples"],
+                "train_img_s": stats.img_per_s,
+                "data_wait_frac": stats.data_wait_frac,
+                "lr": lr,
+            }
+        )
+        self.scalars(
+            {
+                "val/top1": metrics["top1"],
+                "val/top5": metrics["top5"],
+                "val/loss": metrics["loss"],
+                "train/epoch_loss": stats.loss,
+            },
+            global_step,
+        )
+        logging.getLogger("dali_train").info(
+            "epoch %d: train loss %.4f | val loss %.4f top-1 %.2f top-5 %.2f (%d images) | %.0f img/s, data wait %.1f%%",
+            epoch,
+            stats.loss,
+            metrics["loss"],
+            metrics["top1"],
+            metrics["top5"],
+            metrics["samples"],
+            stats.img_per_s,
+            100 * stats.data_wait_frac,
+        )
+
     def summary(self, record: dict[str, Any]) -> None:
         if self.enabled:
             tmp = self.run_dir / ".summary.json.tmp"

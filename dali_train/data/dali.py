@@ -16,7 +16,7 @@ pipeline build per epoch (well under a second next to an ImageNet epoch).
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -24,7 +24,7 @@ from nvidia.dali import fn, pipeline_def, types
 from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
 
 from dali_train.data.folder import Split
-from dali_train.data.order import epoch_order, steps_per_epoch
+from dali_train.data.order import contiguous_shard, epoch_order, steps_per_epoch
 from dali_train.distributed import DistInfo
 
 log = logging.getLogger(__name__)
@@ -162,7 +162,7 @@ class DaliLoader:
         settings: DaliSettings,
         transform: Transform,
         seed: int,
-        train_size_at: callable,
+        train_size_at: Callable[[int], int],
     ) -> None:
         self.split, self.train, self.batch_size = split, train, batch_size
         self.dist, self.device, self.placement = dist, device, placement
@@ -174,11 +174,8 @@ class DaliLoader:
     def __len__(self) -> int:
         if self.train:
             return steps_per_epoch(len(self.split), self.batch_size, self.dist.world_size) - self.start_step
-        shard = (
-            len(self.split) * (self.dist.rank + 1) // self.dist.world_size
-            - len(self.split) * self.dist.rank // self.dist.world_size
-        )
-        return -(-shard // self.batch_size)
+        shard = contiguous_shard(len(self.split), self.dist.rank, self.dist.world_size)
+        return -(-len(shard) // self.batch_size)
 
     def set_epoch(self, epoch: int, start_step: int = 0) -> None:
         """Build this epoch's train pipeline now, so DALI prefetches before the first step. A

@@ -45,3 +45,9 @@ def epoch_order(
     padded = np.resize(perm, steps * batch_size * world_size)  # np.resize repeats from the start
     blocks = padded.reshape(world_size, steps * batch_size)[:, start_step * batch_size :]
     return EpochOrder(blocks.reshape(-1), steps, len(padded) - num_files)
+
+
+def contiguous_shard(num_files: int, rank: int, world_size: int) -> range:
+    """Indices of rank's validation shard: DALI's reader split (`shard_id`, `num_shards`) of an
+    unshuffled list into contiguous parts whose sizes differ by at most one."""
+    return range(num_files * rank // world_size, num_files * (rank + 1) // world_size)

@@ -17,7 +17,7 @@ from torchvision.datasets.folder import default_loader
 
 from dali_train.data.dali import Transform
 from dali_train.data.folder import Split
-from dali_train.data.order import epoch_order, steps_per_epoch
+from dali_train.data.order import contiguous_shard, epoch_order, steps_per_epoch
 from dali_train.distributed import DistInfo
 
 
@@ -97,8 +97,7 @@ class TorchLoader:
         return -(-len(self._val_indices()) // self.batch_size)
 
     def _val_indices(self) -> range:
-        n, r, w = len(self.split), self.dist.rank, self.dist.world_size
-        return range(n * r // w, n * (r + 1) // w)  # the same contiguous shards as DALI's reader
+        return contiguous_shard(len(self.split), self.dist.rank, self.dist.world_size)  # as DALI's reader
 
     def _dataset(self) -> FileListDataset:
         if self.train:
