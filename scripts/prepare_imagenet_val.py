@@ -24,6 +24,8 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+from tqdm import tqdm
+
 
 def read_labels(labels: Path, synsets: Path | None, files: list[str]) -> dict[str, str]:
     """file stem -> wnid."""
@@ -75,7 +77,7 @@ def main() -> None:
             print(f"  {f} -> {wnid_of[Path(f).stem]}/{f}")
         print("dry run: nothing changed")
         return
-    for f in files:
+    for f in tqdm(files, unit="file", disable=None):  # renames within one filesystem: one process is enough
         target = val / wnid_of[Path(f).stem] / f
         target.parent.mkdir(exist_ok=True)
         if target.exists():

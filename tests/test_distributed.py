@@ -1,0 +1,61 @@
+"""Rank discovery: torchrun's variables, SLURM's srun variables, or one plain process."""
+
+from __future__ import annotations
+
+import pytest
+
+from dali_train.distributed import DistInfo, read_launch_env
+
+LAUNCH_VARS = [
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "SLURM_PROCID",
+    "SLURM_LOCALID",
+    "SLURM_NTASKS",
+    "SLURM_JOB_ID",
+    "SLURM_JOB_NODELIST",
+    "SLURM_NODELIST",
+]
+
+
+@pytest.fixture
+def clean_env(monkeypatch):
+    for var in LAUNCH_VARS:
+        monkeypatch.delenv(var, raising=False)
+    return monkeypatch
+
+
+def test_plain_process(clean_env):
+    assert read_launch_env() == DistInfo(0, 0, 1)
+
+
+def test_torchrun(clean_env):
+    for k, v in {"RANK": "5", "LOCAL_RANK": "1", "WORLD_SIZE": "8"}.items():
+        clean_env.setenv(k, v)
+    info = read_launch_env()
+    assert info == DistInfo(5, 1, 8) and not info.is_main and info.enabled
+
+
+def test_srun_derives_what_init_process_group_needs(clean_env):
+    for k, v in {
+        "SLURM_PROCID": "9",
+        "SLURM_LOCALID": "1",
+        "SLURM_NTASKS": "16",
+        "SLURM_JOB_ID": "4242",
+        "SLURM_JOB_NODELIST": "gpu[01-02]",
+    }.items():
+        clean_env.setenv(k, v)
+    import os
+
+    assert read_launch_env() == DistInfo(9, 1, 16)
+    assert os.environ["RANK"] == "9" and os.environ["WORLD_SIZE"] == "16" and os.environ["LOCAL_RANK"] == "1"
+    assert os.environ["MASTER_PORT"] == str(20000 + 4242) and os.environ["MASTER_ADDR"]  # scontrol absent: loopback
+
+
+def test_srun_with_one_task_is_a_plain_process(clean_env):
+    clean_env.setenv("SLURM_PROCID", "0")
+    clean_env.setenv("SLURM_NTASKS", "1")
+    assert read_launch_env() == DistInfo(0, 0, 1)

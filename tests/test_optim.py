@@ -1,0 +1,68 @@
+"""Optimizer parameter groups, LR scaling and the per-step schedules (timm), on a tiny model."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from dali_train.config import OptimizerConfig, SchedulerConfig
+from dali_train.optim import OptimError, build_optimizer, build_scheduler
+
+
+def tiny_model() -> torch.nn.Module:
+    return torch.nn.Sequential(
+        torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.Flatten(), torch.nn.LazyLinear(2)
+    )
+
+
+def opt_cfg(**kw):
+    return OmegaConf.merge(OmegaConf.structured(OptimizerConfig), {"name": "sgd", **kw})
+
+
+def sched_cfg(**kw):
+    return OmegaConf.merge(OmegaConf.structured(SchedulerConfig), kw)
+
+
+def test_no_weight_decay_on_norm_and_bias_and_linear_lr_scaling():
+    model = tiny_model()
+    model(torch.zeros(1, 3, 8, 8))
+    opt = build_optimizer(opt_cfg(lr=0.1, weight_decay=1e-4), model, global_batch=1024)
+    decayed = {id(p) for g in opt.param_groups if g["weight_decay"] > 0 for p in g["params"]}
+    assert decayed == {id(model[0].weight), id(model[3].weight)}  # conv and linear weights only
+    assert all(g["lr"] == pytest.approx(0.4) for g in opt.param_groups)  # 0.1 x 1024 / 256
+    unscaled = build_optimizer(opt_cfg(lr=0.1, scale_lr=False), model, global_batch=1024)
+    assert unscaled.param_groups[0]["lr"] == pytest.approx(0.1)
+
+
+def test_sgd_nesterov_switch_and_other_optimizers():
+    model = tiny_model()
+    model(torch.zeros(1, 3, 8, 8))
+    assert build_optimizer(opt_cfg(nesterov=True), model, global_batch=256).param_groups[0]["nesterov"]
+    assert not build_optimizer(opt_cfg(nesterov=False), model, global_batch=256).param_groups[0]["nesterov"]
+    for name in ("adamw", "lamb"):
+        assert build_optimizer(opt_cfg(name=name, lr=1e-3), model, global_batch=256).param_groups[0]["lr"] > 0
+    with pytest.raises(OptimError, match="optimizer.name=adam: unknown"):
+        build_optimizer(opt_cfg(name="adam"), model, global_batch=256)
+
+
+@pytest.mark.parametrize("name", ["cosine", "linear", "step"])
+def test_schedule_at_start_end_of_warmup_and_last_step(name):
+    p = torch.nn.Parameter(torch.zeros(1))
+    opt = torch.optim.SGD([p], lr=1.0)
+    sched = build_scheduler(
+        sched_cfg(name=name, warmup_epochs=1, warmup_lr_init=0.01, min_lr=0.0, decay_epochs=2, decay_rate=0.1),
+        opt,
+        steps_per_epoch=10,
+        epochs=4,
+    )
+
+    def lr_at(step: int) -> float:
+        sched.step_update(num_updates=step)
+        return opt.param_groups[0]["lr"]
+
+    assert lr_at(0) == pytest.approx(0.01)
+    assert lr_at(5) == pytest.approx(0.01 + (1.0 - 0.01) * 0.5)  # linear warmup
+    assert lr_at(10) == pytest.approx(1.0)  # peak right after warmup
+    last = lr_at(40)
+    assert last == pytest.approx({"cosine": 0.0, "linear": 0.0, "step": 0.1}[name], abs=1e-6)
