@@ -198,8 +198,9 @@ def evaluate(
 ) -> dict[str, float]:
     """Top-1/top-5 and loss over this rank's val shard, summed as exact counts across ranks."""
     model.eval()
-    # [correct@1, correct@5, loss sum, samples]; float64 keeps the counts exact
-    totals = torch.zeros(4, dtype=torch.float64, device=device)
+    # [correct@1, correct@5, loss sum] stay on the device (no per-batch sync); float64 keeps counts exact
+    totals = torch.zeros(3, dtype=torch.float64, device=device)
+    count = 0
     autocast = torch.autocast(device.type, dtype=amp_dtype) if amp_dtype else contextlib.nullcontext()
     for i, (images, labels) in enumerate(loader):
         if max_steps is not None and i >= max_steps:
@@ -210,7 +211,9 @@ def evaluate(
         n = labels.shape[0]
         top1, top5 = accuracy(logits, labels, topk=(1, 5))  # percentages of this batch
         loss = torch.nn.functional.cross_entropy(logits, labels, reduction="sum")
-        totals += torch.stack([top1 * n / 100, top5 * n / 100, loss, torch.tensor(float(n), device=device)]).double()
+        totals += torch.stack([top1 * n / 100, top5 * n / 100, loss]).double()
+        count += n
+    totals = torch.cat([totals, torch.tensor([float(count)], dtype=torch.float64, device=device)])
     all_reduce_sum(totals, dist)
     correct1, correct5, loss_sum, count = totals.tolist()
     count_int = round(count)

@@ -1,0 +1,29 @@
+"""The GPU side of the batch contract (mixed decoder, fp16, channels_last); skipped without CUDA."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dali_train.data import build_loaders
+from dali_train.distributed import DistInfo
+from tests.data.test_loaders import SMALL, make_cfg
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+
+
+@pytest.mark.parametrize("name", ["dali", "dali_cpu", "pytorch", "synthetic"])
+def test_gpu_batches_are_fp16_channels_last_on_the_device(sample_root, name):
+    device = torch.device("cuda", 0)
+    cfg = make_cfg(sample_root, f"loader={name}", "loader.num_workers=2", "loader.synthetic_steps=2", *SMALL)
+    ld = build_loaders(cfg, DistInfo(0, 0, 1), device, half=True)
+    ld.train.set_epoch(0)
+    images, labels = next(iter(ld.train))
+    assert images.device == device and labels.device == device
+    assert images.dtype == torch.float16 and labels.dtype == torch.int64
+    assert images.shape == (16, 3, 32, 32) and images.is_contiguous(memory_format=torch.channels_last)
+    val_images, _ = next(iter(ld.val))
+    assert val_images.shape[1:] == (3, 32, 32) and torch.isfinite(val_images.float()).all()
