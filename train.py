@@ -26,7 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from dali_train import checkpoint as ckpt
 from dali_train.config import register_configs
-from dali_train.data import build_loaders
+from dali_train.data import DatasetError, build_loaders
 from dali_train.distributed import barrier, init_distributed, shared_run_stamp, shutdown
 from dali_train.engine import LoopControl, StopFlag, evaluate, train_one_epoch
 from dali_train.errors import UserError
@@ -95,7 +95,14 @@ def run(cfg: DictConfig) -> float:
     epochs = range(start_epoch, start_epoch if tc.eval_only else end_epoch)
     for epoch in epochs:
         loaders.train.set_epoch(epoch, start_step)
-        stats = train_one_epoch(parts, loaders.train, ctl, epoch=epoch, start_step=start_step)
+        updates_before = parts.global_step
+        try:
+            stats = train_one_epoch(parts, loaders.train, ctl, epoch=epoch, start_step=start_step)
+        except DatasetError:  # a file the startup check let through; keep what was trained
+            if not dist.enabled:  # (other ranks may sit in a collective: the last periodic save stands)
+                save("last.pt", epoch, start_step + (parts.global_step - updates_before) * tc.grad_accum_steps)
+                log.warning("saved %s before stopping", run_dir / "checkpoints" / "last.pt")
+            raise
         if stats.interrupted:
             save("last.pt", epoch, start_step + stats.steps)
             exit_on_signal(f"at epoch {epoch} step {start_step + stats.steps}")

@@ -2,7 +2,8 @@
 """Find the files of an ImageNet-layout folder that would break or bias training; write an exclude list.
 
 Each image is opened and fully decoded with PIL in parallel processes and classified:
-  zero-byte, unreadable, truncated, not-an-image  -> excluded (DALI would stop mid-epoch on them)
+  zero-byte, unreadable, truncated, corrupt-headers, not-an-image
+                                                  -> excluded (DALI would stop mid-epoch on them)
   wrong-content (e.g. a PNG named .JPEG)          -> reported; DALI decodes by content, kept
   cmyk, grayscale                                 -> reported; DALI converts them to RGB, kept
 Writes REPORT.json (every finding) and an exclude list (paths relative to the root) that every
@@ -29,7 +30,7 @@ from tqdm import tqdm  # noqa: E402
 
 from dali_train.data.folder import IMAGE_EXTENSIONS, sniff  # noqa: E402
 
-EXCLUDED_KINDS = {"zero-byte", "unreadable", "truncated", "not-an-image"}
+EXCLUDED_KINDS = {"zero-byte", "unreadable", "truncated", "corrupt-headers", "not-an-image"}
 EXT_FORMAT = {
     ".jpg": "JPEG",
     ".jpeg": "JPEG",
@@ -45,15 +46,8 @@ def classify(path: str) -> list[str]:
     """The findings for one file (empty: a clean RGB image of the format its name says)."""
     quick = sniff(path)
     if quick is not None:
-        return [
-            "zero-byte"
-            if "zero-byte" in quick
-            else "truncated"
-            if "truncated" in quick
-            else "unreadable"
-            if "unreadable" in quick
-            else "not-an-image"
-        ]
+        kind = next((k for k in ("zero-byte", "truncated", "unreadable", "corrupt") if k in quick), "not-an-image")
+        return ["corrupt-headers" if kind == "corrupt" else kind]
     try:
         with Image.open(path) as im:
             fmt, mode = im.format, im.mode

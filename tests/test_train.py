@@ -207,3 +207,27 @@ def test_demo_learns_the_sample_set(sample_root, tmp_path):
     run = tmp_path / "run"
     run_train(["trainer.device=cpu", f"data.root={sample_root}", "trainer.epochs=3", f"hydra.run.dir={run}"])
     assert read_json(run / "summary.json")["best_val_top1"] > 50.0
+
+
+def test_an_undecodable_file_mid_epoch_saves_progress_and_names_the_file(small_root, tmp_path):
+    """With the startup check off, a JPEG with broken headers reaches DALI, which stops its
+    pipeline: the run keeps its last completed step, exits with one line naming the file, and
+    resumes once the file is excluded."""
+    data = tmp_path / "data"
+    shutil.copytree(small_root, data)
+    good = next(data.glob("train/*/*.JPEG")).read_bytes()
+    bad = data / "train" / "n00000004" / "broken.JPEG"
+    bad.write_bytes(good[:20] + bytes(180) + good[200:])
+    run = tmp_path / "run"
+    args = [*TINY, f"data.root={data}", "trainer.epochs=1", "loader.batch_size=8", f"hydra.run.dir={run}"]
+    proc = run_train([*args, "data.verify_files=false"], check=False)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    error = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(error) == 1 and str(bad) in error[0] and "data.exclude_list" in error[0]
+    state = torch.load(run / "checkpoints" / "last.pt", map_location="cpu", weights_only=False)
+    assert state["next_epoch"] == 0
+    exclude = tmp_path / "exclude.txt"
+    exclude.write_text("train/n00000004/broken.JPEG\n")
+    resumed = run_train([*args, "data.verify_files=false", f"data.exclude_list={exclude}", "trainer.resume=auto"])
+    assert f"at epoch 0 step {state['next_step']}" in resumed.stdout
+    assert read_json(run / "summary.json")["val_samples"] == 50

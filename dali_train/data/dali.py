@@ -23,7 +23,7 @@ import torch
 from nvidia.dali import fn, pipeline_def, types
 from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
 
-from dali_train.data.folder import Split
+from dali_train.data.folder import DatasetError, Split
 from dali_train.data.order import contiguous_shard, epoch_order, steps_per_epoch
 from dali_train.distributed import DistInfo
 
@@ -228,12 +228,56 @@ class DaliLoader:
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         if self._iterator is None:
             self._iterator = self._build()
-        for batch in self._iterator:
-            images, labels = batch[0]["images"], batch[0]["labels"]
-            if self.transform.channels_last:
-                images = images.permute(0, 3, 1, 2)  # NHWC storage viewed as NCHW: no copy
-            # Labels: int32 [N, 1] from the reader -> int64 [N]; a no-op copy when already on device.
-            labels = labels.view(-1).to(self.device, torch.int64, non_blocking=True)
-            yield images.to(self.device, non_blocking=True), labels
+        done = 0
+        try:
+            for batch in self._iterator:
+                images, labels = batch[0]["images"], batch[0]["labels"]
+                if self.transform.channels_last:
+                    images = images.permute(0, 3, 1, 2)  # NHWC storage viewed as NCHW: no copy
+                # Labels: int32 [N, 1] from the reader -> int64 [N]; no copy when already on device.
+                labels = labels.view(-1).to(self.device, torch.int64, non_blocking=True)
+                yield images.to(self.device, non_blocking=True), labels
+                done += 1
+        except RuntimeError as e:
+            if "pipeline" not in str(e):
+                raise
+            self._iterator = None  # a pipeline that failed cannot run again
+            raise self._decode_error(done) from None
         if self.train:
             self._iterator = None  # free this epoch's pipeline; set_epoch picks the next order
+
+    def _decode_error(self, done: int) -> DatasetError:
+        """A one-line error naming the file(s) DALI could not decode, found by decoding (with PIL)
+        the files of the batch that failed and of those DALI had prefetched with it."""
+        from PIL import Image
+
+        if self.train:
+            order = epoch_order(
+                len(self.split),
+                seed=self.seed,
+                epoch=self.epoch,
+                batch_size=self.batch_size,
+                world_size=self.dist.world_size,
+                start_step=self.start_step,
+            )
+            mine = order.rank_block(self.dist.rank, self.dist.world_size)
+        else:
+            mine = contiguous_shard(len(self.split), self.dist.rank, self.dist.world_size)
+        ahead = self.settings.prefetch_queue_depth + 1
+        candidates = [self.split.files[i] for i in mine[done * self.batch_size : (done + ahead) * self.batch_size]]
+        bad = []
+        for path in candidates:
+            try:
+                with Image.open(path) as im:
+                    im.load()
+            except Exception:  # noqa: BLE001 - any failure marks the file
+                bad.append(path)
+        what = (
+            ", ".join(bad[:3]) + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
+            if bad
+            else (f"a file among {len(candidates)} of {self.split.root}")
+        )
+        return DatasetError(
+            f"DALI could not decode {what} (epoch {self.epoch}, batch {self.start_step + done}); list it in a file "
+            f"passed as data.exclude_list= (scripts/scan_dataset.py writes one) and resume with trainer.resume="
+        )

@@ -36,6 +36,7 @@ def bad_tree(tmp_path) -> Path:
     (b / "text.JPEG").write_text("not an image")
     (b / "notes.txt").write_text("ignored: not an image extension")
     (b / "padded.JPEG").write_bytes(data + b"\x00" * 100)  # valid: some writers pad after EOI
+    (b / "headers.JPEG").write_bytes(data[:20] + bytes(180) + data[200:])  # SOI and EOI intact
     return root
 
 
@@ -58,8 +59,9 @@ def test_val_may_lack_a_class_but_keeps_train_indices(tmp_path):
 def test_bad_files_are_skipped_with_their_reason_and_the_rest_decodes(bad_tree, caplog):
     ds = scan_dataset(str(bad_tree))
     skipped = {Path(p).name: reason for p, reason in ds.train.excluded}
-    assert set(skipped) == {"truncated.JPEG", "zero.JPEG", "text.JPEG"}
+    assert set(skipped) == {"truncated.JPEG", "zero.JPEG", "text.JPEG", "headers.JPEG"}
     assert "truncated" in skipped["truncated.JPEG"] and "zero-byte" in skipped["zero.JPEG"]
+    assert "corrupt JPEG headers" in skipped["headers.JPEG"]
     kept = {Path(f).name for f in ds.train.files}
     assert {"cmyk.JPEG", "gray.JPEG", "png.JPEG", "padded.JPEG"} <= kept
     assert "notes.txt" not in kept

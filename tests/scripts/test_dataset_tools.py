@@ -73,12 +73,13 @@ def test_scan_dataset_classifies_bad_files_and_its_exclude_list_works(bad_tree, 
     report = json.loads(Path(f"{out}.json").read_text())["findings"]
     assert report["train/b/zero.JPEG"] == ["zero-byte"] and report["train/b/truncated.JPEG"] == ["truncated"]
     assert report["train/b/text.JPEG"] == ["not-an-image"] and report["train/a/cmyk.JPEG"] == ["cmyk"]
+    assert report["train/b/headers.JPEG"] == ["corrupt-headers"]
     assert report["train/a/gray.JPEG"] == ["grayscale"] and report["train/a/png.JPEG"] == ["wrong-content"]
     exclude = Path(f"{out}_exclude.txt").read_text()
     assert "train/b/zero.JPEG" in exclude and "train/a/cmyk.JPEG" not in exclude
     ds = scan_dataset(str(bad_tree), exclude_list=f"{out}_exclude.txt", verify=False)
     names = {Path(f).name for f in ds.train.files}
-    assert not names & {"zero.JPEG", "truncated.JPEG", "text.JPEG"} and "cmyk.JPEG" in names
+    assert not names & {"zero.JPEG", "truncated.JPEG", "text.JPEG", "headers.JPEG"} and "cmyk.JPEG" in names
 
 
 def test_resize_dataset_keeps_layout_and_caps_the_side(tmp_path):
