@@ -1,7 +1,7 @@
 """Checkpoints: the full training state, written atomically by rank 0, restorable exactly.
 
-Saved unwrapped (no `module.` / `_orig_mod.` prefixes), so a checkpoint loads into a plain,
-DDP-wrapped or compiled model alike. `format_version` lets later versions read older files.
+Saved unwrapped (timm's `unwrap_model`: no `module.` / `_orig_mod.` prefixes), so a checkpoint
+loads into a plain, DDP-wrapped or compiled model alike. `format_version` lets later versions read older files.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from timm.utils import unwrap_model
 
 from dali_train.errors import UserError
 
@@ -24,17 +25,6 @@ FORMAT_VERSION = 1
 
 class CheckpointError(UserError):
     """A checkpoint that cannot be used for this run; one line."""
-
-
-def unwrap(model: torch.nn.Module) -> torch.nn.Module:
-    """The plain module inside DDP (`.module`) and torch.compile (`._orig_mod`) wrappers."""
-    while True:
-        if isinstance(model, torch.nn.parallel.DistributedDataParallel):
-            model = model.module
-        elif hasattr(model, "_orig_mod"):
-            model = model._orig_mod
-        else:
-            return model
 
 
 def rng_state() -> dict[str, Any]:
@@ -83,7 +73,7 @@ def check_compatible(state: dict[str, Any], model: torch.nn.Module, model_name: 
         raise CheckpointError(
             f"trainer.resume={path}: checkpoint is of model {state['model_name']}, this run builds {model_name}"
         )
-    own = unwrap(model).state_dict()
+    own = unwrap_model(model).state_dict()
     theirs = state["model"]
     mismatched = [k for k in own if k not in theirs or theirs[k].shape != own[k].shape]
     if mismatched or len(theirs) != len(own):
@@ -118,7 +108,7 @@ def save(path: Path, parts, dist, cfg, *, next_epoch: int, next_step: int, best_
             path,
             {
                 "model_name": cfg.model.name,
-                "model": unwrap(parts.model).state_dict(),
+                "model": unwrap_model(parts.model).state_dict(),
                 "ema": parts.ema.module.state_dict() if parts.ema is not None else None,
                 "optimizer": parts.optimizer.state_dict(),
                 "scheduler": parts.scheduler.state_dict(),
@@ -139,7 +129,7 @@ def restore(path: str, parts, model_name: str) -> dict[str, Any]:
     """Load `path` into the training parts; returns the checkpoint (next_epoch, next_step, ...)."""
     state = load_checkpoint(path)
     check_compatible(state, parts.model, model_name, path)
-    unwrap(parts.model).load_state_dict(state["model"])
+    unwrap_model(parts.model).load_state_dict(state["model"])
     if parts.ema is not None:
         parts.ema.module.load_state_dict(state["ema"] if state.get("ema") is not None else state["model"])
     parts.optimizer.load_state_dict(state["optimizer"])

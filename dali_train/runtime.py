@@ -4,13 +4,11 @@ wrapping the model for training (to device → channels_last → SyncBN → EMA 
 from __future__ import annotations
 
 import logging
-import random
 
-import numpy as np
 import torch
 from timm.data import Mixup
 from timm.loss import SoftTargetCrossEntropy
-from timm.utils import ModelEmaV3
+from timm.utils import ModelEmaV3, random_seed
 
 from dali_train.distributed import DistInfo
 from dali_train.engine import TrainParts
@@ -67,12 +65,6 @@ def amp_dtype_for(name: str, device: torch.device) -> torch.dtype | None:
     return AMP_DTYPES[name] if device.type == "cuda" else None
 
 
-def seed_all(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
-
-
 def configure_backends(device: torch.device, *, deterministic: bool, cudnn_benchmark: bool) -> None:
     if deterministic:
         torch.use_deterministic_algorithms(True, warn_only=True)
@@ -126,11 +118,11 @@ def build_train_parts(cfg, dist: DistInfo, device: torch.device, *, num_classes:
     broadcast rank 0's weights); rank-dependent RNG streams start after it.
     """
     tc = cfg.trainer
-    seed_all(cfg.seed)
+    random_seed(cfg.seed)
     model = build_model(
         cfg.model.name, num_classes, drop_path_rate=cfg.model.drop_path_rate, pretrained=cfg.model.pretrained
     )
-    seed_all(cfg.seed + 1000 * dist.rank)
+    random_seed(cfg.seed, rank=1000 * dist.rank)
     model, ema = prepare_model(
         model,
         device,
