@@ -24,7 +24,7 @@ from nvidia.dali import fn, pipeline_def, types
 from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
 
 from dali_train.data.folder import DatasetError, Split
-from dali_train.data.order import contiguous_shard, epoch_order, steps_per_epoch
+from dali_train.data.order import EpochOrder, contiguous_shard, epoch_order, steps_per_epoch
 from dali_train.distributed import DistInfo
 
 log = logging.getLogger(__name__)
@@ -202,16 +202,20 @@ class DaliLoader:
             t=self.transform,
         )
 
+    def _order(self) -> EpochOrder:
+        """This epoch's train order (all ranks' blocks), from the resume point on."""
+        return epoch_order(
+            len(self.split),
+            seed=self.seed,
+            epoch=self.epoch,
+            batch_size=self.batch_size,
+            world_size=self.dist.world_size,
+            start_step=self.start_step,
+        )
+
     def _build(self) -> DALIGenericIterator:
         if self.train:
-            order = epoch_order(
-                len(self.split),
-                seed=self.seed,
-                epoch=self.epoch,
-                batch_size=self.batch_size,
-                world_size=self.dist.world_size,
-                start_step=self.start_step,
-            )
+            order = self._order()
             files = [self.split.files[i] for i in order.indices]
             labels = [self.split.labels[i] for i in order.indices]
             seed = self.seed * 1_000_003 + self.epoch * 1009 + self.dist.rank
@@ -252,15 +256,7 @@ class DaliLoader:
         from PIL import Image
 
         if self.train:
-            order = epoch_order(
-                len(self.split),
-                seed=self.seed,
-                epoch=self.epoch,
-                batch_size=self.batch_size,
-                world_size=self.dist.world_size,
-                start_step=self.start_step,
-            )
-            mine = order.rank_block(self.dist.rank, self.dist.world_size)
+            mine = self._order().rank_block(self.dist.rank, self.dist.world_size)
         else:
             mine = contiguous_shard(len(self.split), self.dist.rank, self.dist.world_size)
         ahead = self.settings.prefetch_queue_depth + 1
