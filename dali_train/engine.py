@@ -156,7 +156,7 @@ def train_one_epoch(
             }
             if p.device.type == "cuda":
                 values["perf/gpu_mem_gib"] = torch.cuda.max_memory_allocated(p.device) / 2**30
-            ctl.writer.scalars(values, p.global_step)
+            ctl.writer.step(values, p.global_step, epoch)
             progress.update(
                 step,
                 loss=values["train/loss"],

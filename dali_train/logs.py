@@ -39,11 +39,13 @@ def setup_logging(dist: DistInfo, run_dir: Path | None) -> None:
 
 
 class MetricsWriter:
-    """TensorBoard scalars and per-epoch JSON lines; a no-op except on rank 0."""
+    """TensorBoard scalars, metrics.jsonl (one line per epoch) and steps.jsonl (one line per log
+    interval); a no-op except on rank 0."""
 
     def __init__(self, run_dir: Path, enabled: bool) -> None:
         self.enabled, self.run_dir = enabled, run_dir
         self._tb = None
+        self._steps = None  # steps.jsonl, opened on first use
         if enabled:
             from torch.utils.tensorboard import SummaryWriter
 
@@ -54,6 +56,14 @@ class MetricsWriter:
             for tag, v in values.items():
                 if v is not None and math.isfinite(v):
                     self._tb.add_scalar(tag, v, step)
+
+    def step(self, values: dict[str, float], global_step: int, epoch: int) -> None:
+        """Per-log-interval values: TensorBoard scalars and one line of steps.jsonl."""
+        self.scalars(values, global_step)
+        if self.enabled:
+            if self._steps is None:
+                self._steps = open(self.run_dir / "steps.jsonl", "a")
+            self._steps.write(json.dumps({"epoch": epoch, "step": global_step, **values}) + "\n")
 
     def epoch(self, record: dict[str, Any]) -> None:
         if self.enabled:
@@ -107,6 +117,8 @@ class MetricsWriter:
     def close(self) -> None:
         if self._tb is not None:
             self._tb.close()
+        if self._steps is not None:
+            self._steps.close()
 
 
 class Progress:

@@ -27,6 +27,10 @@ def test_one_epoch_one_process_writes_every_output(sample_root, tmp_path):
     assert summary["val_samples"] == 100 and summary["world_size"] == 1 and summary["epochs"] == 1
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert len(records) == 1 and EPOCH_KEYS <= set(records[0])
+    steps = [json.loads(line) for line in (run / "steps.jsonl").read_text().splitlines()]
+    assert len(steps) == 25 // 2 + 1  # 400 files / batch 16 = 25 steps: every 2nd, and the last
+    assert {"train/loss", "train/lr", "perf/img_per_s", "perf/data_wait_frac"} <= set(steps[0])
+    assert 0 <= steps[-1]["perf/data_wait_frac"] <= 1 and steps[-1]["step"] == 25
     assert (run / ".hydra" / "config.yaml").is_file() and (run / "train.log").is_file()
     assert list((run / "tensorboard").glob("events.out.tfevents.*"))
     state = torch.load(run / "checkpoints" / "last.pt", map_location="cpu", weights_only=False)
