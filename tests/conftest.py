@@ -14,6 +14,17 @@ from dali_train.data.sample import make_image_folder
 
 REPO = Path(__file__).resolve().parents[1]
 IMAGENETTE_MINI = REPO.parent / "shared" / "data" / "imagenette-mini"
+LAUNCHER_VARS = {
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_RUN_ID",
+    "GROUP_RANK",
+    "DALI_TRAIN_RUN_STAMP",
+}
 
 # Small and fast on 2 CPU cores: 32 px crops of the 80 px sample images.
 TINY = [
@@ -46,6 +57,13 @@ def imagenette_mini() -> Path:
     return IMAGENETTE_MINI
 
 
+def launch_env() -> dict[str, str]:
+    """The environment for a child train.py/torchrun: no inherited rank variables (pytest itself
+    may run inside a SLURM job or torchrun; torchrun sets its own), one OpenMP thread."""
+    inherited = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARS and not k.startswith("SLURM_")}
+    return {**inherited, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+
+
 def run_train(
     args: list[str],
     *,
@@ -60,8 +78,7 @@ def run_train(
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
     else:
         cmd = [sys.executable]
-    full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
-    full_env.pop("DALI_TRAIN_RUN_STAMP", None)
+    full_env = {**launch_env(), **(env or {})}
     proc = subprocess.run(
         cmd + [str(REPO / "train.py"), *args],
         cwd=cwd or REPO,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from dali_train.distributed import DistInfo, read_launch_env
@@ -23,9 +25,14 @@ LAUNCH_VARS = [
 
 @pytest.fixture
 def clean_env(monkeypatch):
+    """No launcher variables during the test, and the environment restored whole after it:
+    read_launch_env writes RANK/WORLD_SIZE/... under srun, which would leak into later tests."""
+    saved = dict(os.environ)
     for var in LAUNCH_VARS:
-        monkeypatch.delenv(var, raising=False)
-    return monkeypatch
+        os.environ.pop(var, None)
+    yield monkeypatch
+    os.environ.clear()
+    os.environ.update(saved)
 
 
 def test_plain_process(clean_env):
@@ -48,8 +55,6 @@ def test_srun_derives_what_init_process_group_needs(clean_env):
         "SLURM_JOB_NODELIST": "gpu[01-02]",
     }.items():
         clean_env.setenv(k, v)
-    import os
-
     assert read_launch_env() == DistInfo(9, 1, 16)
     assert os.environ["RANK"] == "9" and os.environ["WORLD_SIZE"] == "16" and os.environ["LOCAL_RANK"] == "1"
     assert os.environ["MASTER_PORT"] == str(20000 + 4242) and os.environ["MASTER_ADDR"]  # scontrol absent: loopback

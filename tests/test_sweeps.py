@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -13,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from dali_train.data.sample import make_image_folder
-from tests.conftest import REPO, TINY, read_json, run_train
+from tests.conftest import REPO, TINY, launch_env, read_json, run_train
 
 pytestmark = pytest.mark.slow
 
@@ -106,7 +105,7 @@ def test_two_nodes_on_localhost_read_disjoint_shards_that_cover_the_dataset(tmp_
     # One image per class: the labels a rank reads name the files it read.
     root = make_image_folder(tmp_path / "data", num_classes=24, train_per_class=1, val_per_class=1)
     port = free_port()
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = launch_env()
     procs = [
         subprocess.Popen(
             [

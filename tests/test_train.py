@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 import subprocess
@@ -13,7 +12,7 @@ import time
 import pytest
 import torch
 
-from tests.conftest import REPO, TINY, read_json, run_train
+from tests.conftest import REPO, TINY, launch_env, read_json, run_train
 
 SUMMARY_KEYS = {"val_top1", "val_top5", "best_val_top1", "val_samples", "epochs", "world_size", "train_img_s"}
 EPOCH_KEYS = {"epoch", "train_loss", "val_loss", "val_top1", "val_top5", "train_img_s", "lr"}
@@ -136,7 +135,7 @@ def test_sigterm_finishes_the_step_saves_last_pt_and_exits(sample_root, tmp_path
         "trainer.log_every_n_steps=1",
         f"hydra.run.dir={run}",
     ]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    env = launch_env()
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     output = []
     deadline = time.time() + 180
