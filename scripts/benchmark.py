@@ -59,8 +59,26 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def timed_windows(batches, work, *, device, batch_size, steps, warmup, repeats) -> dict:
-    """Run `work(images, labels)` per batch; time `repeats` windows of `steps` after `warmup`."""
+def profile_window(batches, work, *, device, steps: int, out: Path, name: str) -> None:
+    """torch.profiler over `steps` batches: a Chrome trace and the ops/kernels by device time, to
+    see what shares the GPU with the model (CUPTI traces the whole process, so kernels that DALI
+    launches in it should appear too; not yet checked on a GPU)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        for _ in range(steps):
+            work(*next(batches))
+        sync(device)
+    out.mkdir(parents=True, exist_ok=True)
+    sort = "cuda_time_total" if device.type == "cuda" else "cpu_time_total"
+    (out / f"profile_{name}.txt").write_text(prof.key_averages().table(sort_by=sort, row_limit=40))
+    prof.export_chrome_trace(str(out / f"trace_{name}.json"))
+
+
+def timed_windows(batches, work, *, device, batch_size, steps, warmup, repeats, profile_to=None, name="") -> dict:
+    """Run `work(images, labels)` per batch; time `repeats` windows of `steps` after `warmup`
+    (and, with `profile_to`, profile one more window after the timed ones)."""
     for _ in range(warmup):
         work(*next(batches))
     sync(device)
@@ -76,6 +94,8 @@ def timed_windows(batches, work, *, device, batch_size, steps, warmup, repeats) 
         elapsed = time.perf_counter() - start
         rates.append(steps * batch_size / elapsed)
         waits.append(wait / elapsed)
+    if profile_to is not None:
+        profile_window(batches, work, device=device, steps=min(steps, 20), out=profile_to, name=name)
     return {"img_s": statistics.median(rates), "img_s_all": rates, "data_wait_frac": statistics.median(waits)}
 
 
@@ -104,6 +124,8 @@ def bench_training(cfg, dist, device, parts, loaders, args) -> dict:
         steps=args.steps,
         warmup=args.warmup,
         repeats=args.repeats,
+        profile_to=Path(args.profile) if args.profile else None,
+        name=f"{cfg.model.name}_{cfg.loader.name}_compile{int(cfg.trainer.compile)}",
     )
     if device.type == "cuda":
         result["peak_mem_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
@@ -237,6 +259,7 @@ def parse_args(argv: list[str]):
         help="an override for one loader only, e.g. pytorch:loader.num_workers=16",
     )
     ap.add_argument("--out", default="outputs/benchmark", help="folder for results.{json,md,png}")
+    ap.add_argument("--profile", metavar="DIR", help="also profile 20 training steps of each model/e2e run into DIR")
     own, _, overrides = (argv + ["--"])[: (argv + ["--"]).index("--")], None, argv[(argv + ["--"]).index("--") + 1 :]
     args = ap.parse_args(own)
     args.overrides = overrides

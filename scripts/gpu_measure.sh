@@ -3,6 +3,7 @@
 #   bash scripts/gpu_measure.sh part1 OUTDIR   # data, demo on CUDA, loader/model/e2e benchmark, decoder sweep
 #   bash scripts/gpu_measure.sh part2 OUTDIR   # tuned loader sweep + benchmark, train.py resnet50 on 1 and 2 GPUs
 #   bash scripts/gpu_measure.sh part3 OUTDIR   # torch.compile benchmark, train.py resnet50 3 epochs compile off/on
+#   bash scripts/gpu_measure.sh part4 OUTDIR   # torch.profiler tables of resnet18 model-only vs e2e (not yet run)
 # Needs DALI and Hydra importable (on the lent H200: source .gpu/p3/unpack.sh first).
 set -uo pipefail
 PART=${1:?part1 or part2}
@@ -70,5 +71,13 @@ if [ "$PART" = part3 ]; then
       trainer.log_every_n_steps=50 hydra.run.dir=$RUNS/rn50_3ep_compile_$c 2>&1 | grep -E "epoch [0-9]+:|done:|rror" | tail -6
     cp $RUNS/rn50_3ep_compile_$c/metrics.jsonl "$OUT/rn50_3ep_compile_${c}_metrics.jsonl"
   done
+fi
+if [ "$PART" = part4 ]; then
+  export CUDA_VISIBLE_DEVICES=0
+  step "profile: resnet18 model-only and e2e dali, eager (what shares the GPU with the model?)"
+  timeout 300 python scripts/benchmark.py --modes model e2e --loaders dali --models resnet18 \
+    --profile "$OUT/profile" --out "$OUT/bench_profiled" -- $COMMON 2>&1 | grep -vE "^\s*$|Warning|warn" | tail -8
+  head -30 "$OUT"/profile/profile_resnet18_dali_compile0.txt
+  rm -f "$OUT"/profile/trace_*.json  # large; the tables come back
 fi
 step done
