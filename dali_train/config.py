@@ -8,10 +8,11 @@ and only here; the YAML files in `conf/` choose between options and carry the co
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING
+from omegaconf import MISSING, OmegaConf
 
 
 @dataclass
@@ -128,5 +129,8 @@ class Config:
 
 
 def register_configs() -> None:
-    """Make `config_schema` available to the defaults list of conf/config.yaml."""
+    """Make `config_schema` available to the defaults list of conf/config.yaml, and the
+    `${dali_train.cwd:}` resolver (the launch directory; unlike `${hydra:runtime.cwd}` it also
+    resolves in configs composed outside @hydra.main: tests, scripts/benchmark.py)."""
     ConfigStore.instance().store(name="config_schema", node=Config)
+    OmegaConf.register_new_resolver("dali_train.cwd", os.getcwd, replace=True)

@@ -48,6 +48,11 @@ def test_every_option_of_a_group_composes(hydra_conf, group):
         OmegaConf.to_container(cfg.loader, throw_on_missing=True)
 
 
+def test_default_sample_root_resolves_outside_hydra_main(hydra_conf):
+    cfg = compose("config")
+    assert cfg.data.root.endswith("/.cache/sample-v1") and cfg.data.generate_sample
+
+
 def test_any_timm_model_by_name(hydra_conf):
     assert compose("config", overrides=["model.name=convnext_tiny"]).model.name == "convnext_tiny"
 
