@@ -110,15 +110,6 @@ def all_reduce_sum(tensor: torch.Tensor, info: DistInfo) -> torch.Tensor:
     return tensor
 
 
-def all_reduce_max(value: float, info: DistInfo) -> float:
-    """The largest `value` of all ranks (CPU collective)."""
-    if not info.enabled:
-        return value
-    t = torch.tensor([value], dtype=torch.float64)
-    torch_dist.all_reduce(t, op=torch_dist.ReduceOp.MAX)
-    return float(t.item())
-
-
 def barrier(info: DistInfo) -> None:
     if info.enabled:
         torch_dist.barrier()

@@ -14,7 +14,7 @@ from typing import Protocol
 import torch
 
 from dali_train.data.folder import DatasetError, ImageFolderDataset, find_bad_files, scan_dataset, warn_excluded
-from dali_train.data.order import steps_per_epoch
+from dali_train.data.order import padding_per_epoch, steps_per_epoch
 from dali_train.data.sample import make_image_folder
 from dali_train.distributed import DistInfo, all_gather_lists, barrier
 
@@ -38,7 +38,6 @@ class Loaders:
     train: Loader
     val: Loader
     num_classes: int
-    num_train_files: int
     num_val_files: int
     dataset: ImageFolderDataset | None  # None for the synthetic loader
 
@@ -85,15 +84,8 @@ def build_loaders(cfg, dist: DistInfo, device: torch.device, *, half: bool) -> L
         )
         train = SyntheticLoader(steps=lc.synthetic_steps, size=data.train_size, seed=cfg.seed + dist.rank, **common)
         val = SyntheticLoader(steps=lc.synthetic_val_steps, size=data.val_size, seed=cfg.seed + 1, **common)
-        n_train = lc.synthetic_steps * lc.batch_size * dist.world_size
-        return Loaders(
-            train,
-            val,
-            lc.synthetic_num_classes,
-            n_train,
-            lc.synthetic_val_steps * lc.batch_size * dist.world_size,
-            None,
-        )
+        n_val = lc.synthetic_val_steps * lc.batch_size * dist.world_size
+        return Loaders(train, val, lc.synthetic_num_classes, n_val, None)
 
     if data.generate_sample:
         prepare_sample_data(data.root, dist)
@@ -141,7 +133,7 @@ def build_loaders(cfg, dist: DistInfo, device: torch.device, *, half: bool) -> L
         train = DaliLoader(dataset.train, train=True, placement=placement, settings=settings, **common)
         val = DaliLoader(dataset.val, train=False, placement=placement, settings=settings, **common)
     steps = steps_per_epoch(len(dataset.train), lc.batch_size, dist.world_size)
-    padding = steps * lc.batch_size * dist.world_size - len(dataset.train)
+    padding = padding_per_epoch(len(dataset.train), lc.batch_size, dist.world_size)
     log.info(
         "data: %s, %d classes, %d train / %d val files; loader=%s, batch %d per rank × %d ranks = %d global; "
         "%d steps/epoch (%d files repeated to fill the last global batch)",
@@ -156,4 +148,4 @@ def build_loaders(cfg, dist: DistInfo, device: torch.device, *, half: bool) -> L
         steps,
         padding,
     )
-    return Loaders(train, val, dataset.num_classes, len(dataset.train), len(dataset.val), dataset)
+    return Loaders(train, val, dataset.num_classes, len(dataset.val), dataset)

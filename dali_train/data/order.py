@@ -35,6 +35,11 @@ def steps_per_epoch(num_files: int, batch_size: int, world_size: int) -> int:
     return -(-num_files // (batch_size * world_size))
 
 
+def padding_per_epoch(num_files: int, batch_size: int, world_size: int) -> int:
+    """Files read twice per epoch to fill the last global batch (fewer than one global batch)."""
+    return steps_per_epoch(num_files, batch_size, world_size) * batch_size * world_size - num_files
+
+
 def epoch_order(
     num_files: int, *, seed: int, epoch: int, batch_size: int, world_size: int, start_step: int = 0
 ) -> EpochOrder:
@@ -44,7 +49,7 @@ def epoch_order(
     perm = np.random.default_rng([seed, epoch]).permutation(num_files)
     padded = np.resize(perm, steps * batch_size * world_size)  # np.resize repeats from the start
     blocks = padded.reshape(world_size, steps * batch_size)[:, start_step * batch_size :]
-    return EpochOrder(blocks.reshape(-1), steps, len(padded) - num_files)
+    return EpochOrder(blocks.reshape(-1), steps, padding_per_epoch(num_files, batch_size, world_size))
 
 
 def contiguous_shard(num_files: int, rank: int, world_size: int) -> range:
