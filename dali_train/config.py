@@ -53,6 +53,7 @@ class LoaderConfig:
     preallocate_height_hint: int = 0  # DALI decoder buffer hint, px (0 = DALI default)
     device_memory_padding: int = 211025920  # bytes of headroom per GPU decode buffer
     host_memory_padding: int = 140544512  # bytes of headroom per pinned host decode buffer
+    exec_dynamic: bool = True  # DALI's dynamic executor (batches shared zero-copy); false = legacy, copies
     num_workers: int = 8  # pytorch loader: worker processes per rank
     pin_memory: bool = True  # pytorch loader: page-locked batches for faster host-to-GPU copy
     persistent_workers: bool = True  # pytorch loader: keep workers alive across epochs

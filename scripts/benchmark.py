@@ -19,6 +19,7 @@ results.md and results.png (if matplotlib is installed) to --out.
 from __future__ import annotations
 
 import argparse
+import collections
 import itertools
 import json
 import platform
@@ -34,7 +35,7 @@ from hydra import compose, initialize_config_dir  # noqa: E402
 
 from dali_train.config import register_configs  # noqa: E402
 from dali_train.data import build_loaders  # noqa: E402
-from dali_train.distributed import init_distributed  # noqa: E402
+from dali_train.distributed import init_distributed, shutdown  # noqa: E402
 from dali_train.engine import train_step  # noqa: E402
 from dali_train.runtime import amp_dtype_for, build_train_parts, configure_backends, select_device  # noqa: E402
 
@@ -47,11 +48,32 @@ def make_cfg(overrides: list[str]):
         return compose("config", overrides=overrides)
 
 
-def endless(loader):
-    """Batches across epoch boundaries (each boundary builds the next epoch's pipeline, as in training)."""
-    for epoch in itertools.count():
-        loader.set_epoch(epoch)
-        yield from loader
+class Endless:
+    """Batches across epoch boundaries. Each boundary builds the next epoch's pipeline, as in
+    training; the time that takes is kept in `switch_s` so the timed windows can leave it out:
+    train.py builds the next pipeline before validation, so it does not stall training steps.
+    `results.json` reports it (epoch_switch_s) next to the steady-state rates."""
+
+    def __init__(self, loader, hold: int = 0) -> None:
+        self.loader, self.switch_s = loader, []
+        self._batches = self._generate()
+        self._held = collections.deque(maxlen=hold) if hold else None
+
+    def _generate(self):
+        for epoch in itertools.count():
+            t = time.perf_counter()
+            self.loader.set_epoch(epoch)
+            self.switch_s.append(time.perf_counter() - t)
+            yield from self.loader
+
+    def __next__(self):
+        batch = next(self._batches)
+        if self._held is not None:
+            self._held.append(batch)
+        return batch
+
+    def __iter__(self):
+        return self
 
 
 def sync(device: torch.device) -> None:
@@ -60,30 +82,46 @@ def sync(device: torch.device) -> None:
 
 
 def profile_window(batches, work, *, device, steps: int, out: Path, name: str) -> None:
-    """torch.profiler over `steps` batches: a Chrome trace and the ops/kernels by device time, to
-    see what shares the GPU with the model (CUPTI traces the whole process, so kernels that DALI
-    launches in it should appear too; not yet checked on a GPU)."""
-    from torch.profiler import ProfilerActivity, profile
+    """torch.profiler over `steps` batches: the ops/kernels by device time, a gzipped Chrome trace,
+    and `profile_summary.summarize` of it (per-stream busy time: CUPTI sees the whole process, so
+    DALI's kernels show up next to the model's). Host waits for batches are `data wait` ranges."""
+    import gzip
+    import shutil
+
+    from profile_summary import load_events, summarize
+    from torch.profiler import ProfilerActivity, profile, record_function
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with profile(activities=activities) as prof:
         for _ in range(steps):
-            work(*next(batches))
+            with record_function("data wait"):
+                images, labels = next(batches)
+            work(images, labels)
         sync(device)
     out.mkdir(parents=True, exist_ok=True)
     sort = "cuda_time_total" if device.type == "cuda" else "cpu_time_total"
-    (out / f"profile_{name}.txt").write_text(prof.key_averages().table(sort_by=sort, row_limit=40))
-    prof.export_chrome_trace(str(out / f"trace_{name}.json"))
+    table = prof.key_averages().table(sort_by=sort, row_limit=40)
+    trace = out / f"trace_{name}.json"
+    prof.export_chrome_trace(str(trace))
+    with open(trace, "rb") as src, gzip.open(f"{trace}.gz", "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    trace.unlink()
+    summary = summarize(load_events(Path(f"{trace}.gz")))
+    (out / f"profile_{name}.txt").write_text(summary + "\n\n" + table)
+    print(f"profile {name}:\n{summary}", flush=True)
 
 
-def timed_windows(batches, work, *, device, batch_size, steps, warmup, repeats, profile_to=None, name="") -> dict:
+def timed_windows(
+    batches: Endless, work, *, device, batch_size, world_size, steps, warmup, repeats, profile_to=None, name=""
+) -> dict:
     """Run `work(images, labels)` per batch; time `repeats` windows of `steps` after `warmup`
-    (and, with `profile_to`, profile one more window after the timed ones)."""
+    (and, with `profile_to`, profile one more window after the timed ones). Rates count all ranks."""
     for _ in range(warmup):
         work(*next(batches))
     sync(device)
     rates, waits = [], []
     for _ in range(repeats):
+        switches = len(batches.switch_s)
         wait, start = 0.0, time.perf_counter()
         for _ in range(steps):
             t = time.perf_counter()
@@ -91,25 +129,41 @@ def timed_windows(batches, work, *, device, batch_size, steps, warmup, repeats, 
             wait += time.perf_counter() - t
             work(images, labels)
         sync(device)
-        elapsed = time.perf_counter() - start
-        rates.append(steps * batch_size / elapsed)
-        waits.append(wait / elapsed)
+        switch = sum(batches.switch_s[switches:])  # pipeline builds at epoch boundaries: left out
+        elapsed = time.perf_counter() - start - switch
+        rates.append(steps * batch_size * world_size / elapsed)
+        waits.append((wait - switch) / elapsed)
     if profile_to is not None:
         profile_window(batches, work, device=device, steps=min(steps, 20), out=profile_to, name=name)
-    return {"img_s": statistics.median(rates), "img_s_all": rates, "data_wait_frac": statistics.median(waits)}
+    return {
+        "img_s": statistics.median(rates),
+        "img_s_all": rates,
+        "data_wait_frac": statistics.median(waits),
+        "epoch_switch_s": statistics.median(batches.switch_s[1:]) if len(batches.switch_s) > 1 else None,
+    }
+
+
+def build_timing(loader) -> dict:
+    """Median DALI pipeline build and first-batch seconds of the train loader (what an epoch switch costs)."""
+    times = getattr(loader, "build_times", [])
+    if not times:
+        return {}
+    return {"build_s": statistics.median(b for b, _ in times), "first_batch_s": statistics.median(f for _, f in times)}
 
 
 def bench_loader(cfg, dist, device, half, args) -> dict:
     loaders = build_loaders(cfg, dist, device, half=half)
-    return timed_windows(
-        endless(loaders.train),
+    result = timed_windows(
+        Endless(loaders.train, hold=args.hold_batches),
         lambda x, y: None,
         device=device,
         batch_size=cfg.loader.batch_size,
+        world_size=dist.world_size,
         steps=args.steps,
         warmup=args.warmup,
         repeats=args.repeats,
     )
+    return build_timing(loaders.train) | result
 
 
 def bench_training(cfg, dist, device, parts, loaders, args) -> dict:
@@ -117,23 +171,35 @@ def bench_training(cfg, dist, device, parts, loaders, args) -> dict:
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     result = timed_windows(
-        endless(loaders.train),
+        Endless(loaders.train, hold=args.hold_batches),
         lambda x, y: train_step(parts, x, y, update=True),
         device=device,
         batch_size=cfg.loader.batch_size,
+        world_size=dist.world_size,
         steps=args.steps,
         warmup=args.warmup,
         repeats=args.repeats,
         profile_to=Path(args.profile) if args.profile else None,
-        name=f"{cfg.model.name}_{cfg.loader.name}_compile{int(cfg.trainer.compile)}",
+        name=f"{cfg.model.name}_{cfg.loader.name}_compile{int(cfg.trainer.compile)}"
+        + (f"_rank{dist.rank}" if dist.enabled else ""),
     )
     if device.type == "cuda":
         result["peak_mem_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
-    return result
+    return build_timing(loaders.train) | result
 
 
-def run(args) -> list[dict]:
-    dist = init_distributed()
+def loader_cfg(args, overrides: list[str], name: str):
+    """The config of loader `name`: a conf/loader group, or a --variant built on one."""
+    base, extra = args.variants.get(name, (name, []))
+    return make_cfg([*overrides, f"loader={base}", *args.loader_overrides.get(base, []), *extra])
+
+
+def say(dist, line: str) -> None:
+    if dist.is_main:
+        print(line, flush=True)
+
+
+def run(args, dist) -> list[dict]:
     rows = []
     base = make_cfg(args.overrides)
     device = select_device(base.trainer.device, dist)
@@ -141,10 +207,10 @@ def run(args) -> list[dict]:
     half = amp_dtype_for(base.trainer.amp, device) is not None
     if "loader" in args.modes:
         for name in args.loaders:
-            cfg = make_cfg([*args.overrides, f"loader={name}", *args.loader_overrides.get(name, [])])
+            cfg = loader_cfg(args, args.overrides, name)
             r = bench_loader(cfg, dist, device, half, args)
             rows.append({"mode": "loader", "loader": name, "model": "-", "compile": "-", **r})
-            print(f"loader-only {name}: {r['img_s']:.0f} img/s", flush=True)
+            say(dist, f"loader-only {name}: {r['img_s']:.0f} img/s")
     for model, compile_ in itertools.product(args.models, args.compile):
         common = [*args.overrides, f"model.name={model}", f"trainer.compile={compile_ == 'on'}"]
         loaders_by_name = {}
@@ -152,7 +218,7 @@ def run(args) -> list[dict]:
             loaders_by_name["synthetic"] = make_cfg([*common, "loader=synthetic"])
         if "e2e" in args.modes:
             for name in args.loaders:
-                loaders_by_name[name] = make_cfg([*common, f"loader={name}", *args.loader_overrides.get(name, [])])
+                loaders_by_name[name] = loader_cfg(args, common, name)
         parts = None
         num_classes = None
         for name, cfg in loaders_by_name.items():
@@ -165,11 +231,8 @@ def run(args) -> list[dict]:
             r = bench_training(cfg, dist, device, parts, loaders, args)
             mode = "model" if name == "synthetic" else "e2e"
             rows.append({"mode": mode, "loader": name, "model": model, "compile": compile_, **r})
-            print(
-                f"{mode} {model} compile={compile_} {name}: {r['img_s']:.0f} img/s, "
-                f"data wait {r['data_wait_frac']:.1%}",
-                flush=True,
-            )
+            rate = f"{r['img_s']:.0f} img/s, data wait {r['data_wait_frac']:.1%}"
+            say(dist, f"{mode} {model} compile={compile_} {name}: {rate}")
     return rows
 
 
@@ -190,13 +253,14 @@ def ratios(rows: list[dict]) -> list[str]:
     return out
 
 
-def write_outputs(rows: list[dict], notes: list[str], out: Path, args) -> None:
+def write_outputs(rows: list[dict], notes: list[str], out: Path, args, world_size: int) -> None:
     out.mkdir(parents=True, exist_ok=True)
     env = {
         "date": time.strftime("%Y-%m-%d"),
         "torch": torch.__version__,
         "python": platform.python_version(),
         "device": torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or "cpu",
+        "processes": world_size,
     }
     try:
         import nvidia.dali as dali
@@ -209,14 +273,15 @@ def write_outputs(rows: list[dict], notes: list[str], out: Path, args) -> None:
     )
     lines = [f"{k}: {v}" for k, v in env.items()] + [
         "",
-        "| mode | model | compile | loader | img/s | data wait | peak GiB |",
-        "|---|---|---|---|---:|---:|---:|",
+        "| mode | model | compile | loader | img/s | data wait | peak GiB | epoch switch s |",
+        "|---|---|---|---|---:|---:|---:|---:|",
     ]
     for r in rows:
         mem = f"{r['peak_mem_gib']:.1f}" if "peak_mem_gib" in r else "-"
+        switch = f"{r['epoch_switch_s']:.2f}" if r.get("epoch_switch_s") is not None else "-"
         lines.append(
             f"| {r['mode']} | {r['model']} | {r['compile']} | {r['loader']} | {r['img_s']:.0f} | "
-            f"{r['data_wait_frac']:.1%} | {mem} |"
+            f"{r['data_wait_frac']:.1%} | {mem} | {switch} |"
         )
     lines += [""] + [f"- {n}" for n in notes]
     (out / "results.md").write_text("\n".join(lines) + "\n")
@@ -245,7 +310,20 @@ def parse_args(argv: list[str]):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--modes", nargs="+", default=["loader", "model", "e2e"], choices=["loader", "model", "e2e"])
     ap.add_argument("--compare", action="store_true", help="all modes, then the ratios")
-    ap.add_argument("--loaders", nargs="+", default=["dali", "pytorch"], choices=["dali", "dali_cpu", "pytorch"])
+    ap.add_argument("--loaders", nargs="+", default=["dali", "pytorch"], help="dali, dali_cpu, pytorch or a --variant")
+    ap.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="NAME=LOADER:KEY=VALUE[,KEY=VALUE]",
+        help="a named loader configuration to list in --loaders, e.g. dali-t12=dali:loader.num_threads=12",
+    )
+    ap.add_argument(
+        "--hold-batches",
+        type=int,
+        default=0,
+        help="keep the last N batches referenced (diagnostic: does releasing a DALI batch wait for the GPU?)",
+    )
     ap.add_argument("--models", nargs="+", default=["resnet50"], help="timm model names")
     ap.add_argument("--compile", nargs="+", default=["off"], choices=["off", "on"])
     ap.add_argument("--steps", type=int, default=50, help="batches per timed window")
@@ -263,7 +341,14 @@ def parse_args(argv: list[str]):
     own, _, overrides = (argv + ["--"])[: (argv + ["--"]).index("--")], None, argv[(argv + ["--"]).index("--") + 1 :]
     args = ap.parse_args(own)
     args.overrides = overrides
-    args.loader_overrides = {}
+    args.loader_overrides, args.variants = {}, {}
+    for item in args.variant:
+        name, _, spec = item.partition("=")
+        base, _, kvs = spec.partition(":")
+        args.variants[name] = (base, [kv for kv in kvs.split(",") if kv])
+    unknown = [n for n in args.loaders if n not in args.variants and n not in ("dali", "dali_cpu", "pytorch")]
+    if unknown:
+        ap.error(f"--loaders: {', '.join(unknown)} is neither dali, dali_cpu, pytorch nor a --variant name")
     for item in args.loader_set:
         name, _, kv = item.partition(":")
         args.loader_overrides.setdefault(name, []).append(kv)
@@ -274,9 +359,13 @@ def parse_args(argv: list[str]):
 
 def main() -> None:
     args = parse_args(sys.argv[1:])
-    rows = run(args)
+    dist = init_distributed()  # under torchrun: one process per GPU, DDP; rates count all ranks
+    rows = run(args, dist)
+    shutdown()
+    if not dist.is_main:
+        return
     notes = ratios(rows)
-    write_outputs(rows, notes, Path(args.out), args)
+    write_outputs(rows, notes, Path(args.out), args, world_size=dist.world_size)
     print("\n".join(notes))
     print((Path(args.out) / "results.md").read_text())
 

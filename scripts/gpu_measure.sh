@@ -3,7 +3,8 @@
 #   bash scripts/gpu_measure.sh part1 OUTDIR   # data, demo on CUDA, loader/model/e2e benchmark, decoder sweep
 #   bash scripts/gpu_measure.sh part2 OUTDIR   # tuned loader sweep + benchmark, train.py resnet50 on 1 and 2 GPUs
 #   bash scripts/gpu_measure.sh part3 OUTDIR   # torch.compile benchmark, train.py resnet50 3 epochs compile off/on
-#   bash scripts/gpu_measure.sh part4 OUTDIR   # torch.profiler tables of resnet18 model-only vs e2e (not yet run)
+#   bash scripts/gpu_measure.sh part4 OUTDIR   # torch.profiler tables of resnet18 model-only vs e2e
+#   bash scripts/gpu_measure.sh part5 OUTDIR   # why e2e < model-only: profiles and loader variants, 1 and 2 GPUs
 # Needs DALI and Hydra importable (on the lent H200: source .gpu/p3/unpack.sh first).
 set -uo pipefail
 PART=${1:?part1 or part2}
@@ -79,5 +80,48 @@ if [ "$PART" = part4 ]; then
     --profile "$OUT/profile" --out "$OUT/bench_profiled" -- $COMMON 2>&1 | grep -vE "^\s*$|Warning|warn" | tail -8
   head -30 "$OUT"/profile/profile_resnet18_dali_compile0.txt
   rm -f "$OUT"/profile/trace_*.json  # large; the tables come back
+fi
+if [ "$PART" = part5 ]; then
+  # One 9-minute call on the 2-GPU machine. Variants of loader=dali, each a --variant of the benchmark:
+  V="--variant dali-legacy=dali:loader.exec_dynamic=false --variant dali-d4=dali:loader.prefetch_queue_depth=4"
+  V="$V --variant h90=dali:loader.hw_decoder_load=0.9 --variant h80=dali:loader.hw_decoder_load=0.8"
+  V="$V --variant h90t12=dali:loader.hw_decoder_load=0.9,loader.num_threads=12 --variant t12=dali:loader.num_threads=12"
+  V="$V --variant hint=dali:loader.preallocate_width_hint=640,loader.preallocate_height_hint=480"
+  DATA=/tmp/synthetic-imagenet-40k
+  T0=$(date +%s)
+  left() { echo $((T0 + ${1:-530} - $(date +%s))); }
+  if [ ! -d $DATA ]; then
+    step "synthetic data: 100 classes x (400 train + 20 val), 500x375, ~110 KB"
+    python scripts/make_synthetic_imagenet.py --out $DATA --classes 100 --train-per-class 400 --val-per-class 20 \
+      --workers "$NCPU" 2>&1 | tail -1
+  fi
+  COMMON="data=imagenet data.root=$DATA loader.batch_size=256 trainer.amp=bf16 trainer.channels_last=true"
+  export CUDA_VISIBLE_DEVICES=0
+  step "A: resnet18 eager: model-only, e2e dali / legacy executor / depth 4 / pytorch(16), profiled"
+  timeout 200 python scripts/benchmark.py --modes model e2e --models resnet18 --loaders dali dali-legacy dali-d4 pytorch \
+    $V $PT --profile $RUNS/profA --out $RUNS/A -- $COMMON 2>&1 | grep -vE "^\s*$|Warning|warn" | tail -40
+  cp $RUNS/A/results.json "$OUT/A_rn18_eager.json"; cat $RUNS/profA/profile_*.txt > "$OUT/A_profiles.txt"
+  step "B: the same e2e holding the last 4 batches (does releasing a DALI batch wait for the GPU?)"
+  timeout 90 python scripts/benchmark.py --modes e2e --models resnet18 --loaders dali dali-legacy --hold-batches 4 \
+    $V --out $RUNS/B -- $COMMON 2>&1 | grep -E "^e2e|÷"
+  cp $RUNS/B/results.json "$OUT/B_rn18_hold4.json"
+  step "C: loader-only variants"
+  timeout 100 python scripts/benchmark.py --modes loader --loaders dali h90 h80 t12 h90t12 hint dali-legacy \
+    $V --out $RUNS/C -- $COMMON 2>&1 | grep -E "^loader-only"
+  cp $RUNS/C/results.json "$OUT/C_loader.json"
+  unset CUDA_VISIBLE_DEVICES
+  if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
+    for n in 2 1; do
+      step "D: resnet50 eager, $n GPU(s): model-only and e2e dali / legacy"
+      timeout 110 torchrun --standalone --nproc_per_node=$n scripts/benchmark.py --modes model e2e --models resnet50 \
+        --loaders dali dali-legacy $V --out $RUNS/D$n -- $COMMON 2>&1 | grep -E "^(model|e2e)|÷"
+      cp $RUNS/D$n/results.json "$OUT/D_rn50_${n}gpu.json"
+    done
+  fi
+  export CUDA_VISIBLE_DEVICES=0
+  step "F: compile on, resnet18 (time left: $(left) s)"
+  timeout "$(left)" python scripts/benchmark.py --modes model e2e --models resnet18 --compile on \
+    --loaders dali dali-legacy $V --out $RUNS/F -- $COMMON 2>&1 | grep -E "^(model|e2e)|÷"
+  cp $RUNS/F/results.json "$OUT/F_rn18_compiled.json"
 fi
 step done

@@ -58,7 +58,7 @@ def main() -> None:
     t = time.perf_counter()
     ds = scan_dataset(str(root), verify=True)
     scan = time.perf_counter() - t
-    settings = DaliSettings(4, 2, 1.0, 0, 0, 0, 0)
+    settings = DaliSettings(4, 2, 1.0, 0, 0, 0, 0, exec_dynamic=True)
     transform = Transform((0.08, 1.0), (0.75, 4 / 3), 73, 64, (0.5,) * 3, (0.25,) * 3, False, False)
     t = time.perf_counter()
     loader = DaliLoader(

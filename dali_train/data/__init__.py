@@ -129,6 +129,7 @@ def build_loaders(cfg, dist: DistInfo, device: torch.device, *, half: bool) -> L
             preallocate_height_hint=lc.preallocate_height_hint,
             device_memory_padding=lc.device_memory_padding,
             host_memory_padding=lc.host_memory_padding,
+            exec_dynamic=lc.exec_dynamic,
         )
         train = DaliLoader(dataset.train, train=True, placement=placement, settings=settings, **common)
         val = DaliLoader(dataset.val, train=False, placement=placement, settings=settings, **common)

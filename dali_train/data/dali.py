@@ -16,6 +16,7 @@ pipeline build per epoch (well under a second next to an ImageNet epoch).
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -54,6 +55,7 @@ class DaliSettings:
     preallocate_height_hint: int
     device_memory_padding: int
     host_memory_padding: int
+    exec_dynamic: bool
 
 
 @dataclass(frozen=True)
@@ -170,6 +172,7 @@ class DaliLoader:
         self.train_size_at = train_size_at  # epoch -> crop side (progressive resizing)
         self.epoch, self.start_step = 0, 0
         self._iterator: DALIGenericIterator | None = None
+        self.build_times: list[tuple[float, float]] = []  # (pipeline build s, first batch s) per build
 
     def __len__(self) -> int:
         if self.train:
@@ -195,6 +198,7 @@ class DaliLoader:
             device_id=p.device_id,
             seed=seed % (2**31),
             prefetch_queue_depth=s.prefetch_queue_depth,
+            exec_dynamic=s.exec_dynamic,
             shard_id=self.dist.rank,
             num_shards=self.dist.world_size,
             placement=p,
@@ -224,10 +228,18 @@ class DaliLoader:
         else:
             pipe = _val_pipeline(self.split.files, self.split.labels, **self._pipe_kwargs(self.seed + 7))
             policy = LastBatchPolicy.PARTIAL  # drop the padded duplicates: exact val counts
+        started = time.perf_counter()
         pipe.build()
-        return DALIGenericIterator(
+        built = time.perf_counter()
+        # The iterator runs the pipeline for its first batch before it returns.
+        iterator = DALIGenericIterator(
             pipe, ["images", "labels"], reader_name="Reader", last_batch_policy=policy, auto_reset=True
         )
+        self.build_times.append((built - started, time.perf_counter() - built))
+        log.debug(
+            "%s pipeline: build %.2f s, first batch %.2f s", "train" if self.train else "val", *self.build_times[-1]
+        )
+        return iterator
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         if self._iterator is None:
