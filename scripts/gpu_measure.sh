@@ -89,7 +89,7 @@ if [ "$PART" = part5 ]; then
   V="$V --variant hint=dali:loader.preallocate_width_hint=640,loader.preallocate_height_hint=480"
   DATA=/tmp/synthetic-imagenet-40k
   T0=$(date +%s)
-  left() { echo $((T0 + ${1:-530} - $(date +%s))); }
+  left() { echo $((T0 + ${1:-500} - $(date +%s))); }
   if [ ! -d $DATA ]; then
     step "synthetic data: 100 classes x (400 train + 20 val), 500x375, ~110 KB"
     python scripts/make_synthetic_imagenet.py --out $DATA --classes 100 --train-per-class 400 --val-per-class 20 \
