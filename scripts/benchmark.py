@@ -37,7 +37,13 @@ from dali_train.config import register_configs  # noqa: E402
 from dali_train.data import build_loaders  # noqa: E402
 from dali_train.distributed import init_distributed, shutdown  # noqa: E402
 from dali_train.engine import train_step  # noqa: E402
-from dali_train.runtime import amp_dtype_for, build_train_parts, configure_backends, select_device  # noqa: E402
+from dali_train.runtime import (  # noqa: E402
+    amp_dtype_for,
+    build_train_parts,
+    configure_backends,
+    select_device,
+    use_dedicated_stream,
+)
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 
@@ -166,7 +172,7 @@ def bench_loader(cfg, dist, device, half, args) -> dict:
     return build_timing(loaders.train) | result
 
 
-def bench_training(cfg, dist, device, parts, loaders, args) -> dict:
+def bench_training(cfg, dist, device, parts, loaders, args, loader_key: str) -> dict:
     parts.model.train()
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -180,7 +186,7 @@ def bench_training(cfg, dist, device, parts, loaders, args) -> dict:
         warmup=args.warmup,
         repeats=args.repeats,
         profile_to=Path(args.profile) if args.profile else None,
-        name=f"{cfg.model.name}_{cfg.loader.name}_compile{int(cfg.trainer.compile)}"
+        name=f"{cfg.model.name}_{loader_key}_compile{int(cfg.trainer.compile)}"
         + (f"_rank{dist.rank}" if dist.enabled else ""),
     )
     if device.type == "cuda":
@@ -204,6 +210,7 @@ def run(args, dist) -> list[dict]:
     base = make_cfg(args.overrides)
     device = select_device(base.trainer.device, dist)
     configure_backends(device, deterministic=False, cudnn_benchmark=True)
+    use_dedicated_stream(device, base.trainer.dedicated_stream)
     half = amp_dtype_for(base.trainer.amp, device) is not None
     if "loader" in args.modes:
         for name in args.loaders:
@@ -228,7 +235,7 @@ def run(args, dist) -> list[dict]:
             if parts is None:  # one model per (model, compile): e2e and model-only share it
                 num_classes = loaders.num_classes
                 parts = build_train_parts(cfg, dist, device, num_classes=num_classes, loader_steps=len(loaders.train))
-            r = bench_training(cfg, dist, device, parts, loaders, args)
+            r = bench_training(cfg, dist, device, parts, loaders, args, name)
             mode = "model" if name == "synthetic" else "e2e"
             rows.append({"mode": mode, "loader": name, "model": model, "compile": compile_, **r})
             rate = f"{r['img_s']:.0f} img/s, data wait {r['data_wait_frac']:.1%}"

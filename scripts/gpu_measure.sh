@@ -5,6 +5,8 @@
 #   bash scripts/gpu_measure.sh part3 OUTDIR   # torch.compile benchmark, train.py resnet50 3 epochs compile off/on
 #   bash scripts/gpu_measure.sh part4 OUTDIR   # torch.profiler tables of resnet18 model-only vs e2e
 #   bash scripts/gpu_measure.sh part5 OUTDIR   # why e2e < model-only: profiles and loader variants, 1 and 2 GPUs
+#   bash scripts/gpu_measure.sh part6 OUTDIR   # default vs dedicated CUDA stream, profiled; 2-GPU resnet50
+#   bash scripts/gpu_measure.sh part7 OUTDIR   # (after part6, same machine) final tables with part6's best setting
 # Needs DALI and Hydra importable (on the lent H200: source .gpu/p3/unpack.sh first).
 set -uo pipefail
 PART=${1:?part1 or part2}
@@ -16,7 +18,7 @@ RUNS=/tmp/runs  # full run dirs stay here; summaries are copied to OUT (few file
 NCPU=$(nproc)
 step() { echo "=== $* ($(date +%T))"; }
 
-if [ ! -d $DATA ]; then
+if [ ! -d $DATA ] && [[ $PART =~ ^part[1-4]$ ]]; then
   step "synthetic ImageNet-like data: 100 classes x (250 train + 20 val), 500x375, ~110 KB"
   python scripts/make_synthetic_imagenet.py --out $DATA --classes 100 --train-per-class 250 --val-per-class 20 \
     --workers "$NCPU" 2>&1 | tail -1
@@ -123,5 +125,62 @@ if [ "$PART" = part5 ]; then
   timeout "$(left)" python scripts/benchmark.py --modes model e2e --models resnet18 --compile on \
     --loaders dali dali-legacy $V --out $RUNS/F -- $COMMON 2>&1 | grep -E "^(model|e2e)|÷"
   cp $RUNS/F/results.json "$OUT/F_rn18_compiled.json"
+fi
+D30=/tmp/synthetic-imagenet-30k
+V6="--variant dali-legacy=dali:loader.exec_dynamic=false --variant h90=dali:loader.hw_decoder_load=0.9"
+V6="$V6 --variant h95=dali:loader.hw_decoder_load=0.95"
+C30="data=imagenet data.root=$D30 loader.batch_size=256 trainer.amp=bf16 trainer.channels_last=true"
+if [ "$PART" = part6 ]; then
+  T0=$(date +%s)
+  if [ ! -d $D30 ]; then
+    step "synthetic data: 100 classes x (300 train + 20 val), 500x375, ~110 KB"
+    python scripts/make_synthetic_imagenet.py --out $D30 --classes 100 --train-per-class 300 --val-per-class 20 \
+      --workers "$NCPU" 2>&1 | tail -1
+  fi
+  export CUDA_VISIBLE_DEVICES=0
+  for ds in false true; do
+    step "E: resnet18 eager, trainer.dedicated_stream=$ds: model-only, e2e dali / legacy executor, profiled"
+    timeout 170 python scripts/benchmark.py --modes model e2e --models resnet18 --loaders dali dali-legacy pytorch $V6 $PT \
+      --profile $RUNS/profE_$ds --out $RUNS/E_$ds -- $C30 trainer.dedicated_stream=$ds 2>&1 | grep -E "^(model|e2e|window|model|host|CUDA|profile)|÷"
+    cp $RUNS/E_$ds/results.json "$OUT/E_rn18_stream_$ds.json"
+    for f in $RUNS/profE_$ds/profile_*.txt; do echo "## $f"; head -14 "$f"; done > "$OUT/E_profiles_$ds.txt"
+  done
+  step "C: loader-only, hardware-decoder share"
+  timeout 80 python scripts/benchmark.py --modes loader --loaders dali h95 h90 $V6 --out $RUNS/C6 -- $C30 2>&1 | grep -E "^loader-only"
+  cp $RUNS/C6/results.json "$OUT/C_loader.json"
+  unset CUDA_VISIBLE_DEVICES
+  step "G: resnet50 eager, 2 GPUs, dedicated stream: model-only, e2e dali / legacy (time used $(( $(date +%s) - T0 )) s)"
+  timeout 120 torchrun --standalone --nproc_per_node=2 scripts/benchmark.py --modes model e2e --models resnet50 \
+    --loaders dali dali-legacy $V6 --out $RUNS/G2 -- $C30 trainer.dedicated_stream=true 2>&1 | grep -E "^(model|e2e)|÷"
+  cp $RUNS/G2/results.json "$OUT/G_rn50_2gpu_stream_true.json"
+fi
+if [ "$PART" = part7 ]; then
+  # The best (stream, executor) of part6's resnet18 e2e rows, by img/s.
+  read -r DS LOADER < <(python - <<'PY'
+import json
+rows = [(r["img_s"], ds, r["loader"]) for ds in ("false", "true")
+        for r in json.load(open(f"/tmp/runs/E_{ds}/results.json"))["rows"] if r["mode"] == "e2e" and r["loader"].startswith("dali")]
+print(*max(rows)[1:])
+PY
+)
+  EXTRA="trainer.dedicated_stream=$DS"; [ "$LOADER" = dali-legacy ] && EXTRA="$EXTRA loader.exec_dynamic=false"
+  echo "part6's best: dedicated_stream=$DS loader=$LOADER -> overrides: $EXTRA"
+  T0=$(date +%s)
+  left() { echo $((T0 + ${1:-540} - $(date +%s))); }
+  step "H: resnet50 eager, 1 GPU vs 2 GPUs ($EXTRA)"
+  for n in 1 2; do
+    timeout 110 torchrun --standalone --nproc_per_node=$n scripts/benchmark.py --modes model e2e --models resnet50 \
+      --loaders dali --out $RUNS/H$n -- $C30 $EXTRA 2>&1 | grep -E "^(model|e2e)|÷"
+    cp $RUNS/H$n/results.json "$OUT/H_rn50_${n}gpu.json"
+  done
+  export CUDA_VISIBLE_DEVICES=0
+  step "I: compile on, resnet18 and resnet50 ($EXTRA; time left $(left) s)"
+  timeout "$(left)" python scripts/benchmark.py --modes model e2e --models resnet18 resnet50 --compile on \
+    --loaders dali --out $RUNS/I -- $C30 $EXTRA 2>&1 | grep -E "^(model|e2e)|÷"
+  cp $RUNS/I/results.json "$OUT/I_compiled.json"
+  unset CUDA_VISIBLE_DEVICES
+  step "J: train.py resnet50, 2 GPUs, 2 epochs ($EXTRA; time left $(left 580) s)"
+  timeout "$(left 580)" torchrun --standalone --nproc_per_node=2 train.py $C30 $EXTRA model=resnet50 trainer.epochs=2 \
+    trainer.log_every_n_steps=20 hydra.run.dir=$RUNS/J 2>&1 | grep -E "epoch [0-9]+:|done:|rror" | tail -4
 fi
 step done

@@ -56,7 +56,8 @@ def load_events(path: Path) -> list[dict]:
 
 def summarize(events: list[dict]) -> str:
     by_stream: dict[int, list[dict]] = defaultdict(list)
-    data_wait = []
+    data_wait, api_calls = [], []
+    main_tid = None
     for e in events:
         if e.get("ph") != "X":
             continue
@@ -64,6 +65,9 @@ def summarize(events: list[dict]) -> str:
             by_stream[int(e.get("args", {}).get("stream", -1))].append(e)
         elif e.get("name") == "data wait" and e.get("cat") == "user_annotation":
             data_wait.append((e["ts"], e["ts"] + e["dur"]))
+            main_tid = e.get("tid")
+        elif e.get("cat") in ("cuda_runtime", "cuda_driver"):
+            api_calls.append(e)
     if not by_stream:
         return "no GPU activity in the trace (CPU-only run?)"
     busy = {s: _union([(e["ts"], e["ts"] + e["dur"]) for e in evs]) for s, evs in by_stream.items()}
@@ -90,6 +94,14 @@ def summarize(events: list[dict]) -> str:
     ]
     if data_wait:
         lines.append(f"host in 'data wait': {_length(_union(data_wait)) / 1e3:.1f} ms in {len(data_wait)} ranges")
+    # CUDA API calls per host thread: who launches how much, and who blocks in synchronizations.
+    per_thread: dict[tuple[str, str], list[float]] = defaultdict(list)
+    for e in api_calls:
+        kind = "sync" if "ynchronize" in e["name"] else "launch" if "Launch" in e["name"] else "other"
+        who = "main" if e.get("tid") == main_tid else f"thread {e.get('tid')}"
+        per_thread[(who, kind if kind != "sync" else e["name"])].append(e["dur"])
+    for (who, kind), durs in sorted(per_thread.items(), key=lambda kv: -sum(kv[1]))[:8]:
+        lines.append(f"CUDA API {who}: {kind} x{len(durs)}, {sum(durs) / 1e3:.1f} ms")
     for s in sorted(busy, key=lambda s: -_length(busy[s])):
         evs = by_stream[s]
         per_name: dict[str, float] = defaultdict(float)
