@@ -183,4 +183,17 @@ PY
   timeout "$(left 580)" torchrun --standalone --nproc_per_node=2 train.py $C30 $EXTRA model=resnet50 trainer.epochs=2 \
     trainer.log_every_n_steps=20 hydra.run.dir=$RUNS/J 2>&1 | grep -E "epoch [0-9]+:|done:|rror" | tail -4
 fi
+if [ "$PART" = part8 ]; then
+  # Short (about 2 minutes): profiles of resnet50 e2e on 1 and 2 GPUs, to see why 2-GPU e2e scales worse than model-only.
+  D16=/tmp/synthetic-imagenet-16k
+  [ -d $D16 ] || python scripts/make_synthetic_imagenet.py --out $D16 --classes 100 --train-per-class 160 --val-per-class 2 \
+    --workers "$NCPU" 2>&1 | tail -1
+  for n in 2 1; do
+    step "K: resnet50 eager e2e dali, $n GPU(s), profiled"
+    timeout 60 torchrun --standalone --nproc_per_node=$n scripts/benchmark.py --modes e2e --models resnet50 --loaders dali \
+      --steps 30 --warmup 10 --repeats 1 --profile $RUNS/profK$n --out $RUNS/K$n -- data=imagenet data.root=$D16 \
+      loader.batch_size=256 trainer.amp=bf16 trainer.channels_last=true 2>&1 | grep -E "^(e2e|window|model|host|CUDA|profile)"
+    for f in $RUNS/profK$n/profile_*.txt; do echo "## $f"; head -16 "$f"; done > "$OUT/K_profiles_${n}gpu.txt"
+  done
+fi
 step done
