@@ -31,14 +31,7 @@ from dali_train.distributed import barrier, init_distributed, shared_run_stamp, 
 from dali_train.engine import LoopControl, StopFlag, evaluate, train_one_epoch
 from dali_train.errors import UserError
 from dali_train.logs import MetricsWriter, input_bound_verdict, setup_logging
-from dali_train.runtime import (
-    amp_dtype_for,
-    build_train_parts,
-    check_options,
-    configure_backends,
-    select_device,
-    use_dedicated_stream,
-)
+from dali_train.runtime import amp_dtype_for, build_train_parts, check_options, configure_backends, select_device
 
 log = logging.getLogger("dali_train")
 
@@ -53,7 +46,6 @@ def run(cfg: DictConfig) -> float:
     device = select_device(tc.device, dist)
     amp_dtype = amp_dtype_for(tc.amp, device)
     configure_backends(device, deterministic=tc.deterministic, cudnn_benchmark=tc.cudnn_benchmark)
-    use_dedicated_stream(device, tc.dedicated_stream)
     stop = StopFlag()
     stop.install()
 

@@ -103,7 +103,6 @@ class TrainerConfig:
     channels_last: bool = True  # NHWC memory format on CUDA
     compile: bool = False  # torch.compile the model (before the DDP wrap)
     cudnn_benchmark: bool = True  # autotune convolutions for fixed input sizes
-    dedicated_stream: bool = False  # run on a new CUDA stream instead of the legacy default stream
     deterministic: bool = False  # deterministic algorithms (slower); used by the resume test
     grad_accum_steps: int = 1  # micro-batches per optimizer step (no all-reduce between)
     clip_grad_norm: float | None = None  # max global grad norm; null = no clipping

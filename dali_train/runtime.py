@@ -74,17 +74,6 @@ def configure_backends(device: torch.device, *, deterministic: bool, cudnn_bench
         torch.backends.cudnn.allow_tf32 = True
 
 
-def use_dedicated_stream(device: torch.device, enabled: bool) -> None:
-    """Make a new CUDA stream this thread's current one, so everything after runs on it rather
-    than on the legacy default stream: DALI then hands each batch to that stream with an event
-    (the legacy stream is a special case in its DLPack hand-over)."""
-    if not enabled or device.type != "cuda":
-        return
-    stream = torch.cuda.Stream(device)
-    stream.wait_stream(torch.cuda.current_stream(device))  # work queued so far comes first
-    torch.cuda.set_stream(stream)
-
-
 def prepare_model(
     model: torch.nn.Module,
     device: torch.device,

@@ -37,13 +37,7 @@ from dali_train.config import register_configs  # noqa: E402
 from dali_train.data import build_loaders  # noqa: E402
 from dali_train.distributed import init_distributed, shutdown  # noqa: E402
 from dali_train.engine import train_step  # noqa: E402
-from dali_train.runtime import (  # noqa: E402
-    amp_dtype_for,
-    build_train_parts,
-    configure_backends,
-    select_device,
-    use_dedicated_stream,
-)
+from dali_train.runtime import amp_dtype_for, build_train_parts, configure_backends, select_device  # noqa: E402
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 
@@ -210,7 +204,6 @@ def run(args, dist) -> list[dict]:
     base = make_cfg(args.overrides)
     device = select_device(base.trainer.device, dist)
     configure_backends(device, deterministic=False, cudnn_benchmark=True)
-    use_dedicated_stream(device, base.trainer.dedicated_stream)
     half = amp_dtype_for(base.trainer.amp, device) is not None
     if "loader" in args.modes:
         for name in args.loaders:

@@ -7,6 +7,9 @@
 #   bash scripts/gpu_measure.sh part5 OUTDIR   # why e2e < model-only: profiles and loader variants, 1 and 2 GPUs
 #   bash scripts/gpu_measure.sh part6 OUTDIR   # default vs dedicated CUDA stream, profiled; 2-GPU resnet50
 #   bash scripts/gpu_measure.sh part7 OUTDIR   # (after part6, same machine) final tables with part6's best setting
+#   bash scripts/gpu_measure.sh part8 OUTDIR   # profiles of resnet50 e2e on 1 and 2 GPUs (about 2 minutes)
+# Parts 6-7 ran at commit 438f96c: they set trainer.dedicated_stream, removed afterwards because it
+# made no difference beyond run-to-run noise (docs/benchmarks.md); check that commit out to rerun them.
 # Needs DALI and Hydra importable (on the lent H200: source .gpu/p3/unpack.sh first).
 set -uo pipefail
 PART=${1:?part1 or part2}
