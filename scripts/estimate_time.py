@@ -6,7 +6,7 @@ img/s comes from a benchmark measured at 224 px (scripts/benchmark.py's results.
 row of the recipe's model with loader=dali) and scales with pixel count to the epoch's crop size
 (progressive resizing included). Validation and pipeline builds are not counted.
 
-    python scripts/estimate_time.py --benchmark docs/bench_h200_eager.json --gpus 1 8 --scaling 0.86 \\
+    python scripts/estimate_time.py --benchmark docs/h200/part2_bench_eager.json --gpus 1 8 --scaling 0.86 \\
         imagenet_rn50_ffcv_16ep imagenet_rn50_90ep
 """
 
