@@ -1,0 +1,97 @@
+"""scripts/benchmark.py's loader variants, profiling and torchrun mode, and profile_summary's arithmetic."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from tests.conftest import REPO, launch_env
+
+sys.path.insert(0, str(REPO / "scripts"))
+from profile_summary import summarize  # noqa: E402
+
+CPU_RUN = ["trainer.device=cpu", "data=imagenet", "data.train_size=32", "loader.batch_size=8", "loader.num_threads=1"]
+
+
+def benchmark(args: list, *, nproc: int = 1, check: bool = True) -> subprocess.CompletedProcess:
+    launcher = [sys.executable] + (
+        ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"] * (nproc > 1)
+    )
+    proc = subprocess.run(
+        [*launcher, str(REPO / "scripts" / "benchmark.py"), *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=launch_env(),
+    )
+    if check and proc.returncode:
+        raise AssertionError(proc.stdout[-3000:] + proc.stderr[-3000:])
+    return proc
+
+
+def _kernel(stream: int, start: float, dur: float, name: str = "k") -> dict:
+    return {"ph": "X", "cat": "kernel", "name": name, "ts": start, "dur": dur, "args": {"stream": stream}}
+
+
+def test_profile_summary_measures_idle_overlap_and_host_waits():
+    events = [
+        # model stream 7: busy 0-400 and 600-1000 us; a loader stream 9 busy 300-700 us
+        _kernel(7, 0, 400, "conv"),
+        _kernel(7, 600, 400, "conv"),
+        _kernel(9, 300, 400, "resize"),
+        {"ph": "X", "cat": "user_annotation", "name": "data wait", "ts": 0, "dur": 250, "tid": 1},
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 0, "dur": 30, "tid": 1},
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaDeviceSynchronize", "ts": 0, "dur": 500, "tid": 2},
+    ]
+    text = summarize(events)
+    assert "window 1.0 ms" in text and "GPU idle (no stream busy) 0.0 ms = 0.0%" in text
+    # the model stream is idle 400-600 us; stream 9 covers all of it; they overlap 300-400 and 600-700
+    assert "model stream 7: busy 80.0%; its idle time 0.2 ms, of which other streams busy 0.2 ms" in text
+    assert "overlap the model stream for 0.2 ms" in text
+    assert "host in 'data wait': 0.2 ms in 1 ranges" in text
+    assert "CUDA API thread 2: cudaDeviceSynchronize x1, 0.5 ms" in text and "CUDA API main: launch x1" in text
+    assert "stream 9: 1 kernels/copies, busy 0.4 ms (40.0%); top: resize 0.4 ms" in text
+    assert summarize([]).startswith("no GPU activity")
+
+
+def test_variants_hold_and_profile_on_cpu(sample_root, tmp_path):
+    out, prof = tmp_path / "bench", tmp_path / "prof"
+    proc = benchmark(
+        ["--modes", "loader", "e2e", "--models", "resnet18", "--loaders", "dali_cpu", "deep",
+         "--variant", "deep=dali_cpu:loader.prefetch_queue_depth=3,loader.exec_dynamic=false",
+         "--hold-batches", 2, "--steps", 2, "--warmup", 1, "--repeats", 1, "--profile", prof, "--out", out,
+         "--", *CPU_RUN, f"data.root={sample_root}"]
+    )  # fmt: skip
+    rows = json.loads((out / "results.json").read_text())["rows"]
+    assert [(r["mode"], r["loader"]) for r in rows] == [
+        ("loader", "dali_cpu"),
+        ("loader", "deep"),
+        ("e2e", "dali_cpu"),
+        ("e2e", "deep"),
+    ]
+    assert all(r["build_s"] > 0 and r["first_batch_s"] > 0 for r in rows)  # the DALI pipelines were timed
+    assert sorted(p.name for p in prof.glob("profile_*.txt")) == [
+        "profile_resnet18_dali_cpu_compile0.txt",
+        "profile_resnet18_deep_compile0.txt",
+    ]
+    assert (prof / "trace_resnet18_deep_compile0.json.gz").is_file()
+    assert "no GPU activity" in proc.stdout  # the summary of a CPU run says so
+
+
+def test_under_torchrun_rank_zero_reports_for_both(sample_root, tmp_path):
+    out = tmp_path / "bench"
+    proc = benchmark(
+        ["--modes", "model", "e2e", "--models", "resnet18", "--loaders", "dali_cpu", "--steps", 2, "--warmup", 1,
+         "--repeats", 1, "--out", out, "--", *CPU_RUN, f"data.root={sample_root}"],
+        nproc=2,
+    )  # fmt: skip
+    result = json.loads((out / "results.json").read_text())
+    assert result["env"]["processes"] == 2
+    assert [r["mode"] for r in result["rows"]] == ["model", "e2e"]
+    assert proc.stdout.count("e2e resnet18 compile=off dali_cpu:") == 1  # rank 0 alone reports
+
+
+def test_unknown_loader_name_is_refused():
+    proc = benchmark(["--loaders", "dali", "fast", "--", "trainer.device=cpu"], check=False)
+    assert proc.returncode == 2 and "fast is neither dali, dali_cpu, pytorch nor a --variant name" in proc.stderr
