@@ -26,6 +26,7 @@ SCRIPTS = [
     "sweep_torchrun.py",
     "estimate_time.py",
     "measure_startup.py",
+    "profile_summary.py",
 ]
 
 
