@@ -151,41 +151,44 @@ def build_timing(loader) -> dict:
     return {"build_s": statistics.median(b for b, _ in times), "first_batch_s": statistics.median(f for _, f in times)}
 
 
-def bench_loader(cfg, dist, device, half, args) -> dict:
-    loaders = build_loaders(cfg, dist, device, half=half)
+def measure(loaders, work, cfg, dist, device, args, **profiling) -> dict:
+    """Timed windows of `work` over the train loader's batches, plus its pipeline build times."""
     result = timed_windows(
         Endless(loaders.train, hold=args.hold_batches),
-        lambda x, y: None,
+        work,
         device=device,
         batch_size=cfg.loader.batch_size,
         world_size=dist.world_size,
         steps=args.steps,
         warmup=args.warmup,
         repeats=args.repeats,
+        **profiling,
     )
     return build_timing(loaders.train) | result
+
+
+def bench_loader(cfg, dist, device, half, args) -> dict:
+    return measure(build_loaders(cfg, dist, device, half=half), lambda x, y: None, cfg, dist, device, args)
 
 
 def bench_training(cfg, dist, device, parts, loaders, args, loader_key: str) -> dict:
     parts.model.train()
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    result = timed_windows(
-        Endless(loaders.train, hold=args.hold_batches),
+    result = measure(
+        loaders,
         lambda x, y: train_step(parts, x, y, update=True),
-        device=device,
-        batch_size=cfg.loader.batch_size,
-        world_size=dist.world_size,
-        steps=args.steps,
-        warmup=args.warmup,
-        repeats=args.repeats,
+        cfg,
+        dist,
+        device,
+        args,
         profile_to=Path(args.profile) if args.profile else None,
         name=f"{cfg.model.name}_{loader_key}_compile{int(cfg.trainer.compile)}"
         + (f"_rank{dist.rank}" if dist.enabled else ""),
     )
     if device.type == "cuda":
         result["peak_mem_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
-    return build_timing(loaders.train) | result
+    return result
 
 
 def loader_cfg(args, overrides: list[str], name: str):
