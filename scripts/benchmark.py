@@ -40,6 +40,7 @@ from dali_train.engine import train_step  # noqa: E402
 from dali_train.runtime import amp_dtype_for, build_train_parts, configure_backends, select_device  # noqa: E402
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
+LOADERS = ("dali", "dali_cpu", "pytorch")  # the loaders a benchmark row or --variant can build on
 
 
 def make_cfg(overrides: list[str]):
@@ -348,8 +349,13 @@ def parse_args(argv: list[str]):
     for item in args.variant:
         name, _, spec = item.partition("=")
         base, _, kvs = spec.partition(":")
-        args.variants[name] = (base, [kv for kv in kvs.split(",") if kv])
-    unknown = [n for n in args.loaders if n not in args.variants and n not in ("dali", "dali_cpu", "pytorch")]
+        overrides = [kv for kv in kvs.split(",") if kv]
+        if not name or base not in LOADERS or not all("=" in kv for kv in overrides):
+            ap.error(
+                f"--variant {item}: expected NAME=LOADER:KEY=VALUE[,KEY=VALUE] with LOADER one of {', '.join(LOADERS)}"
+            )
+        args.variants[name] = (base, overrides)
+    unknown = [n for n in args.loaders if n not in args.variants and n not in LOADERS]
     if unknown:
         ap.error(f"--loaders: {', '.join(unknown)} is neither dali, dali_cpu, pytorch nor a --variant name")
     for item in args.loader_set:

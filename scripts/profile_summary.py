@@ -119,7 +119,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("trace", type=Path, help="Chrome trace .json or .json.gz from torch.profiler")
     args = ap.parse_args()
-    print(summarize(load_events(args.trace)))
+    try:
+        events = load_events(args.trace)
+    except (OSError, ValueError, KeyError) as e:  # missing, not gzip/JSON, or no traceEvents
+        ap.error(f"{args.trace}: not a readable torch.profiler Chrome trace ({type(e).__name__}: {e})")
+    print(summarize(events))
 
 
 if __name__ == "__main__":

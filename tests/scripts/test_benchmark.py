@@ -95,3 +95,19 @@ def test_under_torchrun_rank_zero_reports_for_both(sample_root, tmp_path):
 def test_unknown_loader_name_is_refused():
     proc = benchmark(["--loaders", "dali", "fast", "--", "trainer.device=cpu"], check=False)
     assert proc.returncode == 2 and "fast is neither dali, dali_cpu, pytorch nor a --variant name" in proc.stderr
+
+
+def test_malformed_variant_is_refused():
+    proc = benchmark(
+        ["--variant", "x=dali:loader.num_threads", "--loaders", "x", "--", "trainer.device=cpu"], check=False
+    )
+    assert proc.returncode == 2 and "--variant x=dali:loader.num_threads: expected NAME=LOADER:KEY=VALUE" in proc.stderr
+
+
+def test_profile_summary_names_a_file_that_is_no_trace(tmp_path):
+    (tmp_path / "t.json").write_text("{}")
+    for path in (tmp_path / "t.json", tmp_path / "missing.json.gz"):
+        proc = subprocess.run(
+            [sys.executable, str(REPO / "scripts" / "profile_summary.py"), str(path)], capture_output=True, text=True
+        )
+        assert proc.returncode == 2 and f"{path}: not a readable torch.profiler Chrome trace" in proc.stderr
