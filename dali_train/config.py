@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
@@ -33,6 +34,8 @@ class DataConfig:
     train_size: int = 224  # side of the random-resized crop fed to the model, px
     val_size: int = 224  # side of the center crop at validation, px
     val_resize: int = 256  # shorter side before the validation center crop, px
+    train_transform: str = "random_resized_crop"  # random_resized_crop | resize (whole image squished to train_size²)
+    val_resize_mode: str = "shorter"  # shorter: shorter side to val_resize | whole: image squished to val_resize²
     crop_scale: list[float] = field(default_factory=lambda: [0.08, 1.0])  # RandomResizedCrop area range
     crop_ratio: list[float] = field(default_factory=lambda: [3 / 4, 4 / 3])  # aspect-ratio range
     mean: list[float] = field(default_factory=lambda: [0.485, 0.456, 0.406])  # per channel, 0..1 scale
@@ -67,27 +70,29 @@ class ModelConfig:
     name: str = MISSING  # any timm model name (timm.list_models())
     drop_path_rate: float = 0.0  # stochastic depth, for models that support it
     pretrained: str | None = None  # local checkpoint file to start from; hubs are never used
+    kwargs: dict[str, Any] = field(default_factory=dict)  # more timm.create_model arguments (act_layer, block_args...)
 
 
 @dataclass
 class OptimizerConfig:
-    name: str = MISSING  # sgd | adamw | lamb
+    name: str = MISSING  # sgd (heavy-ball/Nesterov) or any timm optimizer name (adamw, lamb, lookahead_radamw...)
     lr: float = 0.1  # peak LR; with scale_lr it is the LR at global batch 256
     scale_lr: bool = True  # lr × global_batch / 256 (Goyal et al.)
     weight_decay: float = 1.0e-4  # L2 / decoupled decay
     no_wd_norm_bias: bool = True  # no weight decay on norm and bias parameters
     momentum: float = 0.9  # sgd only
     nesterov: bool = False  # sgd only
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])  # adamw / lamb
-    eps: float = 1.0e-8  # adamw / lamb
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])  # optimizers with betas (adam family, lamb)
+    eps: float = 1.0e-8  # optimizers with an eps term
 
 
 @dataclass
 class SchedulerConfig:
-    name: str = MISSING  # cosine | step | linear
+    name: str = MISSING  # cosine | flat_cos | step | linear
     warmup_epochs: float = 0.0  # linear warmup length, epochs (fractions allowed)
     warmup_lr_init: float = 0.0  # LR at step 0 of the warmup
-    min_lr: float = 0.0  # floor of the cosine decay
+    min_lr: float = 0.0  # LR at the end of the decay (cosine, flat_cos, linear)
+    flat_frac: float = 0.75  # flat_cos only: share of the post-warmup steps at the peak LR before the cosine anneal
     decay_epochs: float = 30.0  # step only: epochs between LR drops
     decay_rate: float = 0.1  # step only: LR multiplier at each drop
 

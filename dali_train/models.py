@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Any
 
 import timm
 import torch
@@ -18,13 +19,25 @@ class ModelError(UserError):
 
 
 def build_model(
-    name: str, num_classes: int, *, drop_path_rate: float = 0.0, pretrained: str | None = None
+    name: str,
+    num_classes: int,
+    *,
+    drop_path_rate: float = 0.0,
+    pretrained: str | None = None,
+    kwargs: dict[str, Any] | None = None,
 ) -> torch.nn.Module:
+    """`timm.create_model(name, **kwargs)`: kwargs reach the model class (timm's ResNet takes
+    act_layer, aa_layer, block_args={attn_layer: se}, cardinality, base_width, stem_type, ...)."""
     if not timm.is_model(name):
         close = timm.list_models(f"*{name.split('.')[0][:6]}*")[:5]
         raise ModelError(f"model.name={name}: not a timm model (similar: {', '.join(close) or 'none'})")
-    kwargs = {"drop_path_rate": drop_path_rate} if drop_path_rate else {}
-    model = timm.create_model(name, pretrained=False, num_classes=num_classes, **kwargs)
+    kwargs = dict(kwargs or {})
+    if drop_path_rate:
+        kwargs["drop_path_rate"] = drop_path_rate
+    try:
+        model = timm.create_model(name, pretrained=False, num_classes=num_classes, **kwargs)
+    except (TypeError, ValueError, KeyError, AssertionError) as e:  # a kwarg the model class does not take
+        raise ModelError(f"model.kwargs={kwargs}: {name} rejected them ({type(e).__name__}: {e})") from None
     if pretrained:
         load_pretrained(model, pretrained)
     n_params = sum(p.numel() for p in model.parameters())

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 
 import torch
+from omegaconf import OmegaConf
 from timm.data import Mixup
 from timm.loss import SoftTargetCrossEntropy
 from timm.utils import ModelEmaV3, random_seed
@@ -25,15 +26,15 @@ DEVICES = ("auto", "cpu", "cuda")
 def check_options(cfg) -> None:
     """Option values the schema's types cannot check; raises UserError with the valid choices."""
     from dali_train.data import LOADER_NAMES
-    from dali_train.optim import OPTIMIZER_NAMES, SCHEDULER_NAMES
+    from dali_train.optim import SCHEDULER_NAMES, check_optimizer_name
 
     choices = {
         "loader.name": (cfg.loader.name, LOADER_NAMES),
-        "optimizer.name": (cfg.optimizer.name, OPTIMIZER_NAMES),
         "scheduler.name": (cfg.scheduler.name, SCHEDULER_NAMES),
         "trainer.amp": (cfg.trainer.amp, tuple(AMP_DTYPES)),
         "trainer.device": (cfg.trainer.device, DEVICES),
     }
+    check_optimizer_name(cfg.optimizer.name)
     for key, (value, valid) in choices.items():
         if value not in valid:
             raise UserError(f"{key}={value}: unknown; choose one of {', '.join(valid)}")
@@ -120,7 +121,11 @@ def build_train_parts(cfg, dist: DistInfo, device: torch.device, *, num_classes:
     tc = cfg.trainer
     random_seed(cfg.seed)
     model = build_model(
-        cfg.model.name, num_classes, drop_path_rate=cfg.model.drop_path_rate, pretrained=cfg.model.pretrained
+        cfg.model.name,
+        num_classes,
+        drop_path_rate=cfg.model.drop_path_rate,
+        pretrained=cfg.model.pretrained,
+        kwargs=OmegaConf.to_container(cfg.model.kwargs),
     )
     random_seed(cfg.seed, rank=1000 * dist.rank)
     model, ema = prepare_model(

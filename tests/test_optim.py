@@ -42,11 +42,26 @@ def test_sgd_nesterov_switch_and_other_optimizers():
     assert not build_optimizer(opt_cfg(nesterov=False), model, global_batch=256).param_groups[0]["nesterov"]
     for name in ("adamw", "lamb"):
         assert build_optimizer(opt_cfg(name=name, lr=1e-3), model, global_batch=256).param_groups[0]["lr"] > 0
-    with pytest.raises(OptimError, match="optimizer.name=adam: unknown"):
-        build_optimizer(opt_cfg(name="adam"), model, global_batch=256)
+    with pytest.raises(OptimError, match="optimizer.name=adamm: not a timm optimizer"):
+        build_optimizer(opt_cfg(name="adamm"), model, global_batch=256)
 
 
-@pytest.mark.parametrize("name", ["cosine", "linear", "step"])
+def test_any_timm_optimizer_by_name_gets_the_hyperparameters_it_takes():
+    model = tiny_model()
+    model(torch.zeros(1, 3, 8, 8))
+    ranger = build_optimizer(
+        opt_cfg(name="lookahead_radamw", lr=4e-3, scale_lr=False, betas=[0.95, 0.99], eps=1e-6), model, global_batch=32
+    )
+    assert type(ranger).__name__ == "Lookahead"
+    inner = ranger.param_groups[0]  # shared with the wrapped RAdamW
+    assert inner["betas"] == (0.95, 0.99) and inner["eps"] == 1e-6 and inner["lr"] == pytest.approx(4e-3)
+    rmsprop = build_optimizer(opt_cfg(name="rmsprop", momentum=0.5), model, global_batch=256)
+    assert rmsprop.param_groups[0]["momentum"] == 0.5 and "betas" not in rmsprop.param_groups[0]
+    with pytest.raises(OptimError, match="lookahead_"):
+        build_optimizer(opt_cfg(name="lookahead_nosuch"), model, global_batch=256)
+
+
+@pytest.mark.parametrize("name", ["cosine", "flat_cos", "linear", "step"])
 def test_schedule_at_start_end_of_warmup_and_last_step(name):
     p = torch.nn.Parameter(torch.zeros(1))
     opt = torch.optim.SGD([p], lr=1.0)
@@ -65,4 +80,19 @@ def test_schedule_at_start_end_of_warmup_and_last_step(name):
     assert lr_at(5) == pytest.approx(0.01 + (1.0 - 0.01) * 0.5)  # linear warmup
     assert lr_at(10) == pytest.approx(1.0)  # peak right after warmup
     last = lr_at(40)
-    assert last == pytest.approx({"cosine": 0.0, "linear": 0.0, "step": 0.1}[name], abs=1e-6)
+    assert last == pytest.approx({"cosine": 0.0, "flat_cos": 0.0, "linear": 0.0, "step": 0.1}[name], abs=1e-6)
+
+
+def test_flat_cos_holds_the_peak_then_anneals_over_the_last_steps():
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    sched = build_scheduler(sched_cfg(name="flat_cos", flat_frac=0.75, min_lr=0.1), opt, steps_per_epoch=10, epochs=4)
+    lrs = []
+    for step in range(41):
+        sched.step_update(num_updates=step)
+        lrs.append(opt.param_groups[0]["lr"])
+    assert lrs[:31] == [1.0] * 31  # flat for 75% of 40 steps
+    assert all(a > b for a, b in zip(lrs[30:], lrs[31:], strict=False))  # then strictly decreasing
+    assert lrs[35] == pytest.approx(0.1 + 0.9 * 0.5)  # half way through the cosine
+    assert lrs[40] == pytest.approx(0.1)
+    with pytest.raises(OptimError, match="scheduler.flat_frac=1.0"):
+        build_scheduler(sched_cfg(name="flat_cos", flat_frac=1.0), opt, steps_per_epoch=10, epochs=4)

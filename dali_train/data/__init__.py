@@ -21,6 +21,8 @@ from dali_train.distributed import DistInfo, all_gather_lists, barrier
 log = logging.getLogger(__name__)
 
 LOADER_NAMES = ("dali", "dali_cpu", "pytorch", "synthetic")
+TRAIN_TRANSFORMS = ("random_resized_crop", "resize")
+VAL_RESIZE_MODES = ("shorter", "whole")
 
 
 class Loader(Protocol):
@@ -73,6 +75,12 @@ def build_loaders(cfg, dist: DistInfo, device: torch.device, *, half: bool) -> L
     data, lc = cfg.data, cfg.loader
     if lc.name not in LOADER_NAMES:
         raise DatasetError(f"loader.name={lc.name}: unknown; choose one of {', '.join(LOADER_NAMES)}")
+    for key, value, valid in (
+        ("data.train_transform", data.train_transform, TRAIN_TRANSFORMS),
+        ("data.val_resize_mode", data.val_resize_mode, VAL_RESIZE_MODES),
+    ):
+        if value not in valid:
+            raise DatasetError(f"{key}={value}: unknown; choose one of {', '.join(valid)}")
     channels_last = device.type == "cuda" and cfg.trainer.channels_last
     if lc.name == "synthetic":
         common = dict(
@@ -104,6 +112,8 @@ def build_loaders(cfg, dist: DistInfo, device: torch.device, *, half: bool) -> L
         std=tuple(data.std),
         half=half,
         channels_last=channels_last,
+        random_crop=data.train_transform == "random_resized_crop",
+        val_resize_whole=data.val_resize_mode == "whole",
     )
     common = dict(
         batch_size=lc.batch_size,

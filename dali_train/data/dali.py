@@ -70,6 +70,8 @@ class Transform:
     std: tuple[float, float, float]
     half: bool  # fp16 output (AMP); DALI has no bf16 type, autocast converts at the first layer
     channels_last: bool  # HWC output, handed to torch as an NCHW view with channels_last strides
+    random_crop: bool = True  # train: random-resized crop; False = the whole image squished to the train size
+    val_resize_whole: bool = False  # val: squish the whole image to val_resize² (else its shorter side) before the crop
 
 
 def _decoder_kwargs(placement: Placement, s: DaliSettings) -> dict:
@@ -111,15 +113,20 @@ def _train_pipeline(files, labels, shard_id, num_shards, placement, settings, t,
         pad_last_batch=True,
         name="Reader",
     )
-    images = fn.decoders.image_random_crop(
-        jpegs,
-        device=placement.decoder,
-        output_type=types.RGB,
-        random_area=list(t.crop_scale),
-        random_aspect_ratio=list(t.crop_ratio),
-        num_attempts=10,
-        **_decoder_kwargs(placement, settings),
-    )
+    if t.random_crop:
+        images = fn.decoders.image_random_crop(
+            jpegs,
+            device=placement.decoder,
+            output_type=types.RGB,
+            random_area=list(t.crop_scale),
+            random_aspect_ratio=list(t.crop_ratio),
+            num_attempts=10,
+            **_decoder_kwargs(placement, settings),
+        )
+    else:
+        images = fn.decoders.image(
+            jpegs, device=placement.decoder, output_type=types.RGB, **_decoder_kwargs(placement, settings)
+        )
     if placement.gpu_post and placement.decoder == "cpu":
         images = images.gpu()
     images = fn.resize(images, resize_x=size, resize_y=size, interp_type=types.INTERP_TRIANGULAR)
@@ -144,7 +151,10 @@ def _val_pipeline(files, labels, shard_id, num_shards, placement, settings, t):
     )
     if placement.gpu_post and placement.decoder == "cpu":
         images = images.gpu()
-    images = fn.resize(images, resize_shorter=t.val_resize, interp_type=types.INTERP_TRIANGULAR)
+    if t.val_resize_whole:
+        images = fn.resize(images, resize_x=t.val_resize, resize_y=t.val_resize, interp_type=types.INTERP_TRIANGULAR)
+    else:
+        images = fn.resize(images, resize_shorter=t.val_resize, interp_type=types.INTERP_TRIANGULAR)
     images = _normalize(images, t, crop=(t.val_size, t.val_size))
     return images, labels.gpu() if placement.gpu_post else labels
 

@@ -3,7 +3,8 @@
 Same file list, class indices, epoch order and normalization as the DALI loaders (the shards come
 from `order.epoch_order`, as for DALI, instead of `DistributedSampler`, so that both loaders pad,
 reshuffle and resume identically); same augmentation semantics: RandomResizedCrop(scale, ratio)
-and a horizontal flip for train, resize of the shorter side then center crop for val.
+(or the whole image squished to the train size) and a horizontal flip for train; for val, resize
+of the shorter side (or the whole image, squished) then center crop.
 """
 
 from __future__ import annotations
@@ -36,9 +37,13 @@ class FileListDataset(Dataset):
 
 
 def train_transform(size: int, t: Transform) -> Callable:
+    if t.random_crop:
+        crop = T.RandomResizedCrop(size, scale=t.crop_scale, ratio=t.crop_ratio, antialias=True)
+    else:
+        crop = T.Resize((size, size), interpolation=T.InterpolationMode.BILINEAR, antialias=True)
     return T.Compose(
         [
-            T.RandomResizedCrop(size, scale=t.crop_scale, ratio=t.crop_ratio, antialias=True),
+            crop,
             T.RandomHorizontalFlip(),
             T.PILToTensor(),
             T.ConvertImageDtype(torch.float32),
@@ -50,7 +55,11 @@ def train_transform(size: int, t: Transform) -> Callable:
 def val_transform(t: Transform) -> Callable:
     return T.Compose(
         [
-            T.Resize(t.val_resize, interpolation=T.InterpolationMode.BILINEAR, antialias=True),
+            T.Resize(
+                (t.val_resize, t.val_resize) if t.val_resize_whole else t.val_resize,
+                interpolation=T.InterpolationMode.BILINEAR,
+                antialias=True,
+            ),
             T.CenterCrop(t.val_size),
             T.PILToTensor(),
             T.ConvertImageDtype(torch.float32),

@@ -1,0 +1,79 @@
+"""Train/val transforms mean the same in every loader: squish-resize train, whole-image val resize."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from PIL import Image
+
+from tests.data.test_loaders import loaders
+
+STRETCH = ["data.train_size=32", "data.val_size=32", "loader.batch_size=4", "data.train_transform=resize"]
+
+
+@pytest.fixture(scope="module")
+def wide_root(tmp_path_factory):
+    """2 classes × 4 JPEGs of 96×48 px: a left-to-right gradient, so squishing and cropping differ."""
+    root = tmp_path_factory.mktemp("wide")
+    ramp = torch.linspace(0, 255, 96).to(torch.uint8).expand(48, 96)
+    for split in ("train", "val"):
+        for c in range(2):
+            (root / split / f"c{c}").mkdir(parents=True)
+            for i in range(4):
+                rgb = torch.stack([ramp, ramp.flip(1), torch.full_like(ramp, 60 * c + 10 * i)], dim=-1)
+                Image.fromarray(rgb.numpy()).save(root / split / f"c{c}" / f"{i}.JPEG", quality=95)
+    return root
+
+
+def first_val_batch(root, *overrides):
+    return next(iter(loaders(root, *overrides).val))[0]
+
+
+@pytest.mark.parametrize("mode, resize", [("whole", 32), ("shorter", 32)])
+def test_val_resize_mode_agrees_between_dali_and_pytorch(wide_root, mode, resize):
+    common = [*STRETCH, f"data.val_resize_mode={mode}", f"data.val_resize={resize}"]
+    a = first_val_batch(wide_root, "loader=dali_cpu", *common)
+    b = first_val_batch(wide_root, "loader=pytorch", "loader.num_workers=0", *common)
+    assert a.shape == b.shape == (4, 3, 32, 32)
+    assert (a - b).abs().mean().item() < 0.05  # resize filters differ (DALI triangular, PIL antialiased bilinear)
+
+
+def test_whole_image_squish_keeps_the_full_width_the_shorter_side_crop_does_not(wide_root):
+    whole = first_val_batch(wide_root, "loader=dali_cpu", *STRETCH, "data.val_resize_mode=whole", "data.val_resize=32")
+    crop = first_val_batch(wide_root, "loader=dali_cpu", *STRETCH, "data.val_resize_mode=shorter", "data.val_resize=32")
+    # Red is a left-to-right ramp: the squished image spans all of it, the center crop only its middle half.
+    span_whole = whole[:, 0, :, -1].mean() - whole[:, 0, :, 0].mean()
+    span_crop = crop[:, 0, :, -1].mean() - crop[:, 0, :, 0].mean()
+    assert span_whole > 1.6 * span_crop > 0
+
+
+@pytest.mark.parametrize("name", ["dali_cpu", "pytorch"])
+def test_train_resize_is_the_whole_image_squished_then_maybe_flipped(wide_root, name):
+    ld = loaders(
+        wide_root,
+        f"loader={name}",
+        "loader.num_workers=0",
+        *STRETCH,
+        "data.val_resize_mode=whole",
+        "data.val_resize=32",
+    )
+    ld.train.set_epoch(0)
+    reference = torch.cat([images for images, _ in ld.val])  # val: the same squish, no flip, no crop
+    flips = 0
+    for images, _ in ld.train:
+        for image in images:
+            # Every train image is some val image, as it is or mirrored: nothing was cropped away.
+            plain = (reference - image).abs().amax(dim=(1, 2, 3)).min()
+            mirrored = (reference - image.flip(-1)).abs().amax(dim=(1, 2, 3)).min()
+            assert min(plain, mirrored) < 1e-3
+            flips += bool(mirrored < plain)
+    assert 0 < flips < 8  # a random flip: neither always nor never
+
+
+def test_unknown_transform_names_are_one_line_errors(wide_root):
+    from dali_train.data import DatasetError
+
+    with pytest.raises(DatasetError, match="data.train_transform=crop: unknown; choose one of"):
+        loaders(wide_root, "data.train_transform=crop")
+    with pytest.raises(DatasetError, match="data.val_resize_mode=longer: unknown"):
+        loaders(wide_root, "data.val_resize_mode=longer")
