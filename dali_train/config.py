@@ -67,6 +67,7 @@ class ModelConfig:
     name: str = MISSING  # any timm model name (timm.list_models())
     drop_path_rate: float = 0.0  # stochastic depth, for models that support it
     pretrained: str | None = None  # local checkpoint file to start from; hubs are never used
+    pretrained_strict: bool = True  # false: load the tensors that fit, warn with counts of the rest
 
 
 @dataclass
