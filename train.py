@@ -85,8 +85,8 @@ def run(cfg: DictConfig) -> float:
     if resume:
         state = checkpointer.restore(resume, parts)
         start_epoch, start_step, best_top1 = state.next_epoch, state.next_step, state.best_top1
-        writer.drop_after(start_epoch, state.global_step)  # rows of work after the checkpoint are redone
         log.info("resumed from %s at epoch %d step %d (best top-1 %.2f)", resume, start_epoch, start_step, best_top1)
+    writer.drop_after(start_epoch, parts.global_step)  # rows logged after the checkpoint: redone now
 
     def save(name: str, epoch: int, step: int) -> None:
         checkpointer.save(name, parts, next_epoch=epoch, next_step=step, best_top1=best_top1)

@@ -14,7 +14,7 @@ import pytest
 import timm
 import torch
 
-from dali_train.checkpoint import CheckpointError, CheckpointMeta, Checkpointer, read_checkpoint, restore_rng, rng_state
+from dali_train.checkpoint import Checkpointer, CheckpointError, CheckpointMeta, read_checkpoint, restore_rng, rng_state
 from dali_train.distributed import DistInfo
 from dali_train.errors import UserError
 from dali_train.models import ModelError, load_pretrained
@@ -98,7 +98,9 @@ def test_pretrained_of_another_architecture_is_strict_by_default(tmp_path):
     """resnet18 weights into resnet34: an error with counts; pretrained_strict=false loads what fits."""
     torch.save(timm.create_model("resnet18", num_classes=10).state_dict(), tmp_path / "r18.pt")
     r34 = timm.create_model("resnet34", num_classes=10)
-    with pytest.raises(ModelError, match=r"96 of 218 tensors .* missing or differ.*pretrained_strict=false.* 122 that fit"):
+    with pytest.raises(
+        ModelError, match=r"96 of 218 tensors .* missing or differ.*pretrained_strict=false.* 122 that fit"
+    ):
         load_pretrained(r34, str(tmp_path / "r18.pt"))
     before = r34.layer4[0].conv1.weight.clone()
     load_pretrained(r34, str(tmp_path / "r18.pt"), strict=False)
