@@ -24,14 +24,21 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from dali_train import checkpoint as ckpt
+from dali_train.checkpoint import Checkpointer, CheckpointMeta
 from dali_train.config import register_configs
 from dali_train.data import DatasetError, build_loaders
 from dali_train.distributed import barrier, init_distributed, shared_run_stamp, shutdown
 from dali_train.engine import LoopControl, StopFlag, evaluate, train_one_epoch
 from dali_train.errors import UserError
 from dali_train.logs import MetricsWriter, input_bound_verdict, setup_logging
-from dali_train.runtime import amp_dtype_for, build_train_parts, check_options, configure_backends, select_device
+from dali_train.runtime import (
+    amp_dtype_for,
+    build_train_parts,
+    check_options,
+    configure_backends,
+    select_device,
+    updates_per_epoch,
+)
 
 log = logging.getLogger("dali_train")
 
@@ -51,24 +58,39 @@ def run(cfg: DictConfig) -> float:
 
     # Data, then the model and its optimizer (runtime.build_train_parts keeps the wrap order).
     loaders = build_loaders(cfg, dist, device, half=amp_dtype is not None)
-    parts = build_train_parts(cfg, dist, device, num_classes=loaders.num_classes, loader_steps=len(loaders.train))
+    upe = updates_per_epoch(len(loaders.train), tc.max_steps_per_epoch, tc.grad_accum_steps)
+    parts = build_train_parts(cfg, dist, device, num_classes=loaders.num_classes, updates_per_epoch=upe)
     model, ema, optimizer = parts.model, parts.ema, parts.optimizer
     global_batch = cfg.loader.batch_size * dist.world_size * tc.grad_accum_steps
 
-    # Restore.
+    # Restore: the schedule is the current config's, positioned at the checkpoint's step.
+    meta = CheckpointMeta(
+        model_name=cfg.model.name,
+        optimizer_name=cfg.optimizer.name,
+        batch_size=cfg.loader.batch_size,
+        world_size=dist.world_size,
+        grad_accum_steps=tc.grad_accum_steps,
+        updates_per_epoch=upe,
+        config=OmegaConf.to_container(cfg, resolve=True),
+    )
+    checkpointer = Checkpointer(run_dir, dist, meta)
+    checkpointer.prepare(parts)
     start_epoch, start_step, best_top1 = 0, 0, float("-inf")
-    resume = ckpt.resolve_resume(tc.resume, run_dir)
+    resume = checkpointer.resolve(tc.resume)
+    if tc.eval_only and not resume and not cfg.model.pretrained:
+        raise UserError(
+            f"trainer.eval_only=true trainer.resume={tc.resume}: no {checkpointer.path('last.pt')}, nothing to evaluate"
+        )
+    writer = MetricsWriter(run_dir, dist.is_main)
     if resume:
-        state = ckpt.restore(resume, parts, cfg.model.name)
-        start_epoch, start_step, best_top1 = state["next_epoch"], state["next_step"], state["best_top1"]
+        state = checkpointer.restore(resume, parts)
+        start_epoch, start_step, best_top1 = state.next_epoch, state.next_step, state.best_top1
         log.info("resumed from %s at epoch %d step %d (best top-1 %.2f)", resume, start_epoch, start_step, best_top1)
+    writer.drop_after(start_epoch, parts.global_step)  # rows logged after the checkpoint: redone now
 
     def save(name: str, epoch: int, step: int) -> None:
-        ckpt.save(
-            run_dir / "checkpoints" / name, parts, dist, cfg, next_epoch=epoch, next_step=step, best_top1=best_top1
-        )
+        checkpointer.save(name, parts, next_epoch=epoch, next_step=step, best_top1=best_top1)
 
-    writer = MetricsWriter(run_dir, dist.is_main)
     ctl = LoopControl(
         writer,
         tc.log_every_n_steps,
@@ -112,10 +134,12 @@ def run(cfg: DictConfig) -> float:
         metrics = validate()
         best_top1 = max(best_top1, metrics["top1"])
         epoch_stats.append(stats)
-        save("last.pt", epoch + 1, 0)
+        # The log row first, last.pt last: a kill in between leaves a checkpoint that claims no
+        # epoch without its row; the resume redoes the epoch and replaces the rows after it.
+        writer.log_epoch(epoch, stats, metrics, optimizer.param_groups[0]["lr"], parts.global_step)
         if metrics["top1"] >= best_top1:
             save("best.pt", epoch + 1, 0)
-        writer.log_epoch(epoch, stats, metrics, optimizer.param_groups[0]["lr"], parts.global_step)
+        save("last.pt", epoch + 1, 0)
         if epoch + 1 < end_epoch and stop.agreed(dist, device):
             exit_on_signal(f"after epoch {epoch}")
 

@@ -1,7 +1,14 @@
-"""Checkpoints: the full training state, written atomically by rank 0, restorable exactly.
+"""Checkpoints: the training state, written atomically by rank 0, read without running any code.
 
-Saved unwrapped (timm's `unwrap_model`: no `module.` / `_orig_mod.` prefixes), so a checkpoint
-loads into a plain, DDP-wrapped or compiled model alike. `format_version` lets later versions read older files.
+A file holds tensors and plain containers only (RNG states as tensors and lists, the config as a
+plain dict) and is read with `torch.load(weights_only=True)`: a crafted pickle cannot execute.
+Weights are saved unwrapped (timm's `unwrap_model`), so they load into a plain, DDP-wrapped or
+compiled model alike; the EMA weights sit under timm's `model_ema` key.
+
+The LR schedule is not saved: a resume builds it from the current config and positions it at the
+restored optimizer step, so `trainer.epochs=2` → `3` continues on the longer schedule. Where the
+position would be ambiguous (batch size, world size or accumulation changed in mid-epoch) the
+resume stops with one line naming the key; at an epoch boundary it continues at that epoch.
 """
 
 from __future__ import annotations
@@ -9,6 +16,8 @@ from __future__ import annotations
 import logging
 import os
 import random
+import shutil
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -16,135 +25,277 @@ import numpy as np
 import torch
 from timm.utils import unwrap_model
 
+from dali_train.distributed import DistInfo
 from dali_train.errors import UserError
 
 log = logging.getLogger(__name__)
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: weights_only-loadable, no scheduler state (1 needed unsafe unpickling)
+LOW_SPACE_CHECKPOINTS = 3  # warn at startup when the run dir has room for fewer checkpoints
 
 
 class CheckpointError(UserError):
     """A checkpoint that cannot be used for this run; one line."""
 
 
+class CheckpointWriteError(CheckpointError):
+    """A checkpoint could not be written (disk full, quota, file size limit); the previous one stands."""
+
+
+@dataclass(frozen=True)
+class CheckpointMeta:
+    """What a checkpoint records about the run that wrote it, and what a resume is checked against."""
+
+    model_name: str
+    optimizer_name: str
+    batch_size: int  # per process
+    world_size: int
+    grad_accum_steps: int
+    updates_per_epoch: int  # optimizer steps per epoch: the schedule's unit
+    config: dict[str, Any] = field(default_factory=dict)  # the plain run config, for the record
+
+
+@dataclass(frozen=True)
+class Resumed:
+    path: str
+    next_epoch: int
+    next_step: int  # loader step within next_epoch; > 0 for a mid-epoch checkpoint
+    global_step: int  # the schedule position the run continues at
+    best_top1: float
+
+
 def rng_state() -> dict[str, Any]:
+    """This process's RNG states as tensors and plain lists (weights_only-loadable)."""
+    version, internal, gauss = random.getstate()
+    _, keys, pos, has_gauss, cached = np.random.get_state()
     return {
-        "python": random.getstate(),
-        "numpy": np.random.get_state(),
+        "python": [version, list(internal), gauss],
+        "numpy": [torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(cached)],
         "torch": torch.get_rng_state(),
         "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
     }
 
 
 def restore_rng(state: dict[str, Any]) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state(("MT19937", keys.numpy().astype(np.uint32), pos, has_gauss, cached))
     torch.set_rng_state(state["torch"])
     if state.get("cuda") is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
-    """Write `state` to `path` via a temp file and `os.replace`: a crash mid-write leaves the
-    previous checkpoint intact, never a truncated one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    torch.save({"format_version": FORMAT_VERSION, **state}, tmp)
-    os.replace(tmp, path)
+def tensor_bytes(obj: Any) -> int:
+    """Bytes of all tensors in nested dicts/lists: about the size of the file they are saved to."""
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(tensor_bytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(tensor_bytes(v) for v in obj)
+    return 0
 
 
-def load_checkpoint(path: str) -> dict[str, Any]:
+def read_checkpoint(path: str | Path, key: str = "trainer.resume") -> dict[str, Any]:
+    """A file written by torch.save, read with weights_only=True; any failure is one line naming `key`."""
     p = Path(path)
     if not p.is_file():
-        raise CheckpointError(f"trainer.resume={path}: no such file")
+        raise CheckpointError(f"{key}={path}: no such file")
     try:
-        # Our own files hold RNG states and config objects, not just tensors.
-        state = torch.load(p, map_location="cpu", weights_only=False)
-    except Exception as e:  # noqa: BLE001 - any unpickling failure means "not a checkpoint"
-        raise CheckpointError(f"trainer.resume={path}: not a readable checkpoint ({type(e).__name__})") from None
-    if not isinstance(state, dict) or "model" not in state or state.get("format_version", 0) > FORMAT_VERSION:
-        raise CheckpointError(f"trainer.resume={path}: not a dali-train checkpoint of format <= {FORMAT_VERSION}")
-    return state
-
-
-def check_compatible(state: dict[str, Any], model: torch.nn.Module, model_name: str, path: str) -> None:
-    """A clear message instead of a wall of missing/unexpected keys."""
-    if state.get("model_name") not in (None, model_name):
+        return torch.load(p, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - any load failure means "not a checkpoint we can read safely"
+        reason = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
         raise CheckpointError(
-            f"trainer.resume={path}: checkpoint is of model {state['model_name']}, this run builds {model_name}"
-        )
-    own = unwrap_model(model).state_dict()
-    theirs = state["model"]
-    mismatched = [k for k in own if k not in theirs or theirs[k].shape != own[k].shape]
-    if mismatched or len(theirs) != len(own):
-        raise CheckpointError(
-            f"trainer.resume={path}: weights do not fit {model_name} "
-            f"({len(mismatched)} tensors differ, e.g. {mismatched[:2]}); was it trained with another model.name or class count?"
-        )
+            f"{key}={path}: not a checkpoint readable without running code ({type(e).__name__}: {reason})"
+        ) from None
 
 
-def resolve_resume(resume: str | None, run_dir: Path) -> str | None:
-    """`auto` means this run dir's last.pt if present (preemption requeue), else a fresh start."""
-    if resume == "auto":
-        last = run_dir / "checkpoints" / "last.pt"
-        return str(last) if last.is_file() else None
-    return resume
+def _file_system_free(directory: Path) -> int:
+    while not directory.exists():
+        directory = directory.parent
+    return shutil.disk_usage(directory).free
 
 
-def save(path: Path, parts, dist, cfg, *, next_epoch: int, next_step: int, best_top1: float) -> None:
-    """The full training state (engine.TrainParts) to `path`, written by rank 0; all ranks wait.
+def _mb(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB"
 
-    Every rank's RNG state is gathered, so a multi-process resume continues each rank's streams.
-    """
-    import torch.distributed as torch_dist
-    from omegaconf import OmegaConf
 
-    rng = [rng_state()]
-    if dist.enabled:
-        rng = [None] * dist.world_size
-        torch_dist.all_gather_object(rng, rng_state())
-    if dist.is_main:
-        save_checkpoint(
-            path,
-            {
-                "model_name": cfg.model.name,
+class Checkpointer:
+    """Owns `run_dir/checkpoints/`: stale temp files, the free-space check, save and restore."""
+
+    def __init__(self, run_dir: Path, dist: DistInfo, meta: CheckpointMeta) -> None:
+        self.dir, self.dist, self.meta = Path(run_dir) / "checkpoints", dist, meta
+
+    def path(self, name: str) -> Path:
+        return self.dir / name
+
+    def prepare(self, parts) -> None:
+        """At startup, rank 0: remove temp files of killed writers, warn when the disk is nearly full."""
+        if not self.dist.is_main:
+            return
+        for stale in sorted(self.dir.glob(".*.tmp-*")):
+            stale.unlink(missing_ok=True)
+            log.warning("removed %s, a checkpoint write that did not finish", stale)
+        need, free = self.estimate_bytes(parts), _file_system_free(self.dir)
+        if free < LOW_SPACE_CHECKPOINTS * need:
+            log.warning(
+                "%s: %s free, less than %d checkpoints of about %s each: a checkpoint write may fail",
+                self.dir,
+                _mb(free),
+                LOW_SPACE_CHECKPOINTS,
+                _mb(need),
+            )
+
+    @staticmethod
+    def estimate_bytes(parts) -> int:
+        """Model (+ EMA) + optimizer state; before the first step the optimizer state is assumed to be
+        two tensors per parameter (Adam's), an upper bound for SGD's one."""
+        model = tensor_bytes(unwrap_model(parts.model).state_dict())
+        ema = tensor_bytes(parts.ema.module.state_dict()) if parts.ema is not None else 0
+        opt = tensor_bytes(parts.optimizer.state_dict()["state"])
+        if not opt:
+            opt = 2 * sum(p.numel() * p.element_size() for p in parts.model.parameters())
+        return model + ema + opt
+
+    def resolve(self, resume: str | None) -> str | None:
+        """`auto` means this run dir's last.pt if present (preemption requeue), else a fresh start."""
+        if resume == "auto":
+            last = self.path("last.pt")
+            return str(last) if last.is_file() else None
+        return resume
+
+    def save(self, name: str, parts, *, next_epoch: int, next_step: int, best_top1: float) -> None:
+        """The training state (engine.TrainParts) to checkpoints/`name`, written by rank 0; all ranks wait.
+
+        Every rank's RNG state is gathered, so a multi-process resume continues each rank's streams.
+        """
+        import torch.distributed as torch_dist
+
+        rng = [rng_state()]
+        if self.dist.enabled:
+            rng = [None] * self.dist.world_size
+            torch_dist.all_gather_object(rng, rng_state())
+        if self.dist.is_main:
+            state = {
+                "format_version": FORMAT_VERSION,
+                **asdict(self.meta),
                 "model": unwrap_model(parts.model).state_dict(),
-                "ema": parts.ema.module.state_dict() if parts.ema is not None else None,
+                "model_ema": parts.ema.module.state_dict() if parts.ema is not None else None,
                 "optimizer": parts.optimizer.state_dict(),
-                "scheduler": parts.scheduler.state_dict(),
                 "scaler": parts.scaler.state_dict() if parts.scaler is not None else None,
                 "global_step": parts.global_step,
                 "next_epoch": next_epoch,  # where a resume continues
                 "next_step": next_step,  # > 0 for a mid-epoch checkpoint
                 "best_top1": best_top1,
                 "rng": rng,  # one entry per rank
-                "config": OmegaConf.to_container(cfg, resolve=True),
-            },
-        )
-    if dist.enabled:
-        torch_dist.barrier()
+            }
+            self._write(self.path(name), state)
+        if self.dist.enabled:
+            torch_dist.barrier()
 
+    def _write(self, path: Path, state: dict[str, Any]) -> None:
+        """Via a temp file and `os.replace`: a crash mid-write leaves the previous file intact; a
+        failed write (disk full) removes the temp file and names the path and the bytes needed."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        try:
+            torch.save(state, tmp)
+            os.replace(tmp, path)
+        except (OSError, RuntimeError) as e:
+            tmp.unlink(missing_ok=True)
+            reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e).strip().splitlines()[-1][-120:]
+            raise CheckpointWriteError(
+                f"could not write {path}: it needs about {_mb(tensor_bytes(state))}, "
+                f"{_mb(_file_system_free(path.parent))} free there ({reason}); "
+                f"the previous {path.name} is kept"
+            ) from None
 
-def restore(path: str, parts, model_name: str) -> dict[str, Any]:
-    """Load `path` into the training parts; returns the checkpoint (next_epoch, next_step, ...)."""
-    state = load_checkpoint(path)
-    check_compatible(state, parts.model, model_name, path)
-    unwrap_model(parts.model).load_state_dict(state["model"])
-    if parts.ema is not None:
-        parts.ema.module.load_state_dict(state["ema"] if state.get("ema") is not None else state["model"])
-    parts.optimizer.load_state_dict(state["optimizer"])
-    parts.scheduler.load_state_dict(state["scheduler"])
-    if parts.scaler is not None and state.get("scaler") is not None:
-        parts.scaler.load_state_dict(state["scaler"])
-    parts.global_step = state["global_step"]
-    rngs = state.get("rng") or []
-    if len(rngs) == parts.dist.world_size:
-        restore_rng(rngs[parts.dist.rank])
-    else:
-        log.warning(
-            "checkpoint has RNG states of %d ranks, this run has %d: RNG streams start fresh",
-            len(rngs),
-            parts.dist.world_size,
-        )
-    state.setdefault("best_top1", float("-inf"))
-    return state
+    def restore(self, path: str, parts) -> Resumed:
+        """Load `path` into the training parts and position the schedule (see the module docstring)."""
+        state = read_checkpoint(path)
+        if not isinstance(state, dict) or "model" not in state or state.get("format_version") != FORMAT_VERSION:
+            raise CheckpointError(
+                f"trainer.resume={path}: not a dali-train checkpoint of format {FORMAT_VERSION} "
+                f"(to start from its weights, use model.pretrained={path})"
+            )
+        self._check_fits(state, parts, path)
+        unwrap_model(parts.model).load_state_dict(state["model"])
+        if parts.ema is not None:
+            parts.ema.module.load_state_dict(state["model_ema"] if state["model_ema"] is not None else state["model"])
+        self._load_optimizer(parts.optimizer, state["optimizer"], path)
+        if parts.scaler is not None and state["scaler"] is not None:
+            parts.scaler.load_state_dict(state["scaler"])
+        next_epoch, next_step = state["next_epoch"], state["next_step"]
+        global_step = state["global_step"]
+        if next_step == 0 and state["updates_per_epoch"] != self.meta.updates_per_epoch:
+            global_step = next_epoch * self.meta.updates_per_epoch
+            log.warning(
+                "updates per epoch changed from %d to %d (batch size, world size, accumulation or data): "
+                "the schedule continues at the start of epoch %d, update %d",
+                state["updates_per_epoch"],
+                self.meta.updates_per_epoch,
+                next_epoch,
+                global_step,
+            )
+        parts.global_step = global_step
+        parts.scheduler.step_update(num_updates=global_step)
+        rngs = state["rng"] or []
+        if len(rngs) == self.dist.world_size:
+            restore_rng(rngs[self.dist.rank])
+        else:
+            log.warning(
+                "checkpoint has RNG states of %d ranks, this run has %d: RNG streams start fresh",
+                len(rngs),
+                self.dist.world_size,
+            )
+        return Resumed(path, next_epoch, next_step, global_step, state["best_top1"])
+
+    def _check_fits(self, state: dict[str, Any], parts, path: str) -> None:
+        """One line instead of a wall of missing keys, a KeyError in the optimizer, or a silent
+        wrong position in the epoch."""
+        meta = self.meta
+        if state["model_name"] != meta.model_name:
+            raise CheckpointError(
+                f"trainer.resume={path}: checkpoint is of model {state['model_name']}, this run builds {meta.model_name}"
+            )
+        if state["optimizer_name"] != meta.optimizer_name:
+            raise CheckpointError(
+                f"optimizer.name={meta.optimizer_name}: trainer.resume={path} was trained with "
+                f"optimizer.name={state['optimizer_name']}, whose state does not carry over; resume with "
+                f"optimizer={state['optimizer_name']}, or start from its weights with model.pretrained={path}"
+            )
+        if state["next_step"] > 0:
+            for key, then, now in (
+                ("loader.batch_size", state["batch_size"], meta.batch_size),
+                ("trainer.grad_accum_steps", state["grad_accum_steps"], meta.grad_accum_steps),
+                ("world size (--nproc_per_node)", state["world_size"], meta.world_size),
+            ):
+                if then != now:
+                    raise CheckpointError(
+                        f"{key}={now}: trainer.resume={path} was saved in mid-epoch (epoch {state['next_epoch']} "
+                        f"step {state['next_step']}) with {key}={then}, so its place in the epoch is ambiguous; "
+                        f"resume with {key}={then} (change it at an epoch boundary), or from an end-of-epoch checkpoint"
+                    )
+        own = unwrap_model(parts.model).state_dict()
+        theirs = state["model"]
+        mismatched = [k for k in own if k not in theirs or theirs[k].shape != own[k].shape]
+        if mismatched or len(theirs) != len(own):
+            raise CheckpointError(
+                f"trainer.resume={path}: weights do not fit {meta.model_name} "
+                f"({len(mismatched)} tensors differ, e.g. {mismatched[:2]}); was it trained with another model.name or class count?"
+            )
+
+    @staticmethod
+    def _load_optimizer(optimizer: torch.optim.Optimizer, state: dict[str, Any], path: str) -> None:
+        """The saved moments and step counts; hyperparameters (LR, decay, momentum) stay the current config's."""
+        current = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
+        try:
+            optimizer.load_state_dict(state)
+        except (ValueError, KeyError) as e:
+            raise CheckpointError(
+                f"trainer.resume={path}: its optimizer state does not fit this run's parameter groups "
+                f"(optimizer.no_wd_norm_bias changed?): {e}"
+            ) from None
+        for group, settings in zip(optimizer.param_groups, current, strict=True):
+            group.update(settings)

@@ -71,6 +71,7 @@ class ModelConfig:
     drop_path_rate: float = 0.0  # stochastic depth, for models that support it
     pretrained: str | None = None  # local checkpoint file to start from; hubs are never used
     kwargs: dict[str, Any] = field(default_factory=dict)  # more timm.create_model arguments (act_layer, block_args...)
+    pretrained_strict: bool = True  # false: load the tensors that fit, warn with counts of the rest
 
 
 @dataclass

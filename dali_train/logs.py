@@ -64,6 +64,23 @@ class MetricsWriter:
             if self._steps is None:
                 self._steps = open(self.run_dir / "steps.jsonl", "a")
             self._steps.write(json.dumps({"epoch": epoch, "step": global_step, **values}) + "\n")
+            self._steps.flush()  # a killed run keeps every interval it logged
+
+    def drop_after(self, next_epoch: int, global_step: int) -> None:
+        """On resume in the same run dir: drop the rows of work after the checkpoint (a kill between
+        a log row and last.pt), which the resumed run logs again."""
+        if not self.enabled:
+            return
+        for name, key, limit in (("metrics.jsonl", "epoch", next_epoch - 1), ("steps.jsonl", "step", global_step)):
+            path = self.run_dir / name
+            if path.is_file():
+                lines = path.read_text().splitlines(keepends=True)
+                kept = [line for line in lines if line.strip() and json.loads(line)[key] <= limit]
+                if len(kept) != len(lines):
+                    path.write_text("".join(kept))
+                    logging.getLogger("dali_train").info(
+                        "dropped %d rows of %s logged after the checkpoint", len(lines) - len(kept), name
+                    )
 
     def epoch(self, record: dict[str, Any]) -> None:
         if self.enabled:

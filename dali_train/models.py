@@ -8,6 +8,7 @@ from typing import Any
 
 import timm
 import torch
+from timm.models import clean_state_dict
 
 from dali_train.errors import UserError
 
@@ -25,6 +26,7 @@ def build_model(
     drop_path_rate: float = 0.0,
     pretrained: str | None = None,
     kwargs: dict[str, Any] | None = None,
+    pretrained_strict: bool = True,
 ) -> torch.nn.Module:
     """`timm.create_model(name, **kwargs)`: kwargs reach the model class (timm's ResNet takes
     act_layer, aa_layer, block_args={attn_layer: se}, cardinality, base_width, stem_type, ...)."""
@@ -39,22 +41,72 @@ def build_model(
     except (TypeError, ValueError, KeyError, AssertionError) as e:  # a kwarg the model class does not take
         raise ModelError(f"model.kwargs={kwargs}: {name} rejected them ({type(e).__name__}: {e})") from None
     if pretrained:
-        load_pretrained(model, pretrained)
+        load_pretrained(model, pretrained, strict=pretrained_strict)
     n_params = sum(p.numel() for p in model.parameters())
     log.info("model: %s, %.1fM parameters, %d classes", name, n_params / 1e6, num_classes)
     return model
 
 
-def load_pretrained(model: torch.nn.Module, path: str) -> None:
-    """Weights from a local file (a raw state_dict or one of our checkpoints); a classifier of
-    another size is left at its fresh initialization (fine-tuning on other classes)."""
+def read_weights(path: str) -> tuple[dict[str, torch.Tensor], str]:
+    """(state_dict, which) from a local file: a raw state_dict, a .safetensors file, or a training
+    checkpoint (ours or timm's: its EMA weights when it has them, as best.pt is chosen on them).
+    Read with weights_only=True: a file that needs more than tensors and plain containers is refused."""
     if not Path(path).is_file():
         raise ModelError(f"model.pretrained={path}: no such file (weights are never downloaded)")
-    state = torch.load(path, map_location="cpu", weights_only=False)
-    state = state.get("model", state.get("state_dict", state)) if isinstance(state, dict) else state
+    try:
+        if path.endswith(".safetensors"):
+            from safetensors.torch import load_file
+
+            state = load_file(path)
+        else:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - any load failure means "not a weights file we can read safely"
+        reason = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
+        raise ModelError(
+            f"model.pretrained={path}: not a weights file readable without running code ({type(e).__name__}: {reason})"
+        ) from None
+    which = "weights"
+    if isinstance(state, dict):
+        for key in ("model_ema", "state_dict_ema", "state_dict", "model"):  # timm's order, EMA first
+            if isinstance(state.get(key), dict):
+                state, which = state[key], ("EMA weights" if key.endswith("ema") else f"'{key}' weights")
+                break
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise ModelError(f"model.pretrained={path}: holds no state_dict of tensors")
+    return clean_state_dict(state), which
+
+
+def load_pretrained(model: torch.nn.Module, path: str, *, strict: bool = True) -> None:
+    """Weights from a local file. Strict: every tensor of the model must be in the file with its
+    shape, except a classifier of another size (fine-tuning on other classes: left at its fresh
+    initialization). Not strict: what fits is loaded, with a warning that counts the rest."""
+    state, which = read_weights(path)
     own = model.state_dict()
-    kept = {k: v for k, v in state.items() if k in own and own[k].shape == v.shape}
-    if not kept:
+    fits = {k: v for k, v in state.items() if k in own and own[k].shape == v.shape}
+    classifier = model.pretrained_cfg.get("classifier") if hasattr(model, "pretrained_cfg") else None
+    head = {k for k in own if classifier and k.startswith(f"{classifier}.") and k in state and k not in fits}
+    missing = [k for k in own if k not in fits and k not in head]
+    unused = [k for k in state if k not in own]
+    if not fits:
         raise ModelError(f"model.pretrained={path}: no tensor matches this model's parameters")
-    model.load_state_dict(kept, strict=False)
-    log.info("model: %d/%d tensors loaded from %s", len(kept), len(own), path)
+    if strict and (missing or unused):
+        raise ModelError(
+            f"model.pretrained={path}: {len(missing)} of {len(own)} tensors of this model are missing or differ in "
+            f"shape (e.g. {missing[:2]}), {len(unused)} in the file are unused; set model.pretrained_strict=false "
+            f"to load the {len(fits)} that fit"
+        )
+    model.load_state_dict(fits, strict=False)
+    if head:
+        log.info("model: classifier %s left at its fresh initialization (another class count)", classifier)
+    if missing or unused:
+        log.warning(
+            "model: %d/%d tensors loaded from %s (%s); %d left at initialization, %d in the file unused",
+            len(fits),
+            len(own),
+            path,
+            which,
+            len(missing),
+            len(unused),
+        )
+    else:
+        log.info("model: %d/%d tensors loaded from %s (%s)", len(fits), len(own), path, which)

@@ -4,6 +4,7 @@ wrapping the model for training (to device → channels_last → SyncBN → EMA 
 from __future__ import annotations
 
 import logging
+import math
 
 import torch
 from omegaconf import OmegaConf
@@ -47,6 +48,14 @@ def check_options(cfg) -> None:
     for key, value in positive.items():
         if value < 1:
             raise UserError(f"{key}={value}: must be at least 1")
+    if cfg.optimizer.lr <= 0:
+        raise UserError(f"optimizer.lr={cfg.optimizer.lr}: must be positive")
+    for key, value in (
+        ("scheduler.min_lr", cfg.scheduler.min_lr),
+        ("scheduler.warmup_lr_init", cfg.scheduler.warmup_lr_init),
+    ):
+        if value < 0:
+            raise UserError(f"{key}={value}: must be at least 0")
     if cfg.trainer.device == "cuda" and not torch.cuda.is_available():
         raise UserError("trainer.device=cuda: no CUDA device is visible; use trainer.device=cpu or auto")
     if cfg.trainer.eval_only and not (cfg.trainer.resume or cfg.model.pretrained):
@@ -112,7 +121,16 @@ def build_loss(label_smoothing: float, mixup_alpha: float, cutmix_alpha: float, 
     return torch.nn.CrossEntropyLoss(label_smoothing=label_smoothing), None
 
 
-def build_train_parts(cfg, dist: DistInfo, device: torch.device, *, num_classes: int, loader_steps: int) -> TrainParts:
+def updates_per_epoch(loader_steps: int, max_steps: int | None, grad_accum_steps: int) -> int:
+    """Optimizer steps per epoch as the loop makes them: one every `grad_accum_steps` micro-steps
+    and one on the epoch's last (partial) group, so ceil, not floor."""
+    steps = loader_steps if max_steps is None else min(loader_steps, max_steps)
+    return max(math.ceil(steps / grad_accum_steps), 1)
+
+
+def build_train_parts(
+    cfg, dist: DistInfo, device: torch.device, *, num_classes: int, updates_per_epoch: int
+) -> TrainParts:
     """Model, EMA, loss, optimizer, schedule and scaler for `cfg` (the whole run config).
 
     The model is initialized from `cfg.seed` on every rank alike (EMA copies it before DDP would
@@ -126,6 +144,7 @@ def build_train_parts(cfg, dist: DistInfo, device: torch.device, *, num_classes:
         drop_path_rate=cfg.model.drop_path_rate,
         pretrained=cfg.model.pretrained,
         kwargs=OmegaConf.to_container(cfg.model.kwargs),
+        pretrained_strict=cfg.model.pretrained_strict,
     )
     random_seed(cfg.seed, rank=1000 * dist.rank)
     model, ema = prepare_model(
@@ -140,7 +159,6 @@ def build_train_parts(cfg, dist: DistInfo, device: torch.device, *, num_classes:
     loss_fn, mixup = build_loss(tc.label_smoothing, tc.mixup_alpha, tc.cutmix_alpha, num_classes)
     global_batch = cfg.loader.batch_size * dist.world_size * tc.grad_accum_steps
     optimizer = build_optimizer(cfg.optimizer, model, global_batch=global_batch)
-    updates_per_epoch = max(loader_steps // tc.grad_accum_steps, 1)
     scheduler = build_scheduler(cfg.scheduler, optimizer, steps_per_epoch=updates_per_epoch, epochs=tc.epochs)
     amp_dtype = amp_dtype_for(tc.amp, device)
     scaler = torch.amp.GradScaler(device.type) if amp_dtype == torch.float16 else None

@@ -231,7 +231,7 @@ def run(args, dist) -> list[dict]:
             loaders = build_loaders(cfg, dist, device, half=half)
             if parts is None:  # one model per (model, compile): e2e and model-only share it
                 num_classes = loaders.num_classes
-                parts = build_train_parts(cfg, dist, device, num_classes=num_classes, loader_steps=len(loaders.train))
+                parts = build_train_parts(cfg, dist, device, num_classes=num_classes, updates_per_epoch=len(loaders.train))
             r = bench_training(cfg, dist, device, parts, loaders, args, name)
             mode = "model" if name == "synthetic" else "e2e"
             rows.append({"mode": mode, "loader": name, "model": model, "compile": compile_, **r})

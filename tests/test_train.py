@@ -32,7 +32,7 @@ def test_one_epoch_one_process_writes_every_output(sample_root, tmp_path):
     assert 0 <= steps[-1]["perf/data_wait_frac"] <= 1 and steps[-1]["step"] == 25
     assert (run / ".hydra" / "config.yaml").is_file() and (run / "train.log").is_file()
     assert list((run / "tensorboard").glob("events.out.tfevents.*"))
-    state = torch.load(run / "checkpoints" / "last.pt", map_location="cpu", weights_only=False)
+    state = torch.load(run / "checkpoints" / "last.pt", map_location="cpu", weights_only=True)
     assert state["next_epoch"] == 1 and state["model_name"] == "resnet18"
     assert not any(k.startswith(("module.", "_orig_mod.")) for k in state["model"])
     assert (run / "checkpoints" / "best.pt").is_file()
@@ -52,7 +52,7 @@ def test_two_processes_share_one_run_dir_and_count_val_exactly(small_root, tmp_p
     summary = read_json(run_dirs[0] / "summary.json")
     assert summary["world_size"] == 2 and summary["val_samples"] == 50  # the zero-byte file is skipped
     assert summary["global_batch"] == 16
-    torch.load(run_dirs[0] / "checkpoints" / "last.pt", map_location="cpu", weights_only=False)
+    torch.load(run_dirs[0] / "checkpoints" / "last.pt", map_location="cpu", weights_only=True)
 
 
 def test_resume_continues_at_the_next_epoch(small_root, tmp_path):
@@ -81,8 +81,8 @@ def test_resume_equals_an_uninterrupted_run(small_root, tmp_path):
     run_train(
         [*common, "trainer.epochs=2", f"hydra.run.dir={rest}", f"trainer.resume={half / 'checkpoints' / 'last.pt'}"]
     )
-    a = torch.load(straight / "checkpoints" / "last.pt", map_location="cpu", weights_only=False)
-    b = torch.load(rest / "checkpoints" / "last.pt", map_location="cpu", weights_only=False)
+    a = torch.load(straight / "checkpoints" / "last.pt", map_location="cpu", weights_only=True)
+    b = torch.load(rest / "checkpoints" / "last.pt", map_location="cpu", weights_only=True)
     assert a["global_step"] == b["global_step"]
     for k, v in a["model"].items():
         torch.testing.assert_close(b["model"][k], v, rtol=0, atol=1e-6, msg=f"{k} differs after resume")
@@ -148,7 +148,7 @@ def test_sigterm_finishes_the_step_saves_last_pt_and_exits(sample_root, tmp_path
     text = "".join(output) + rest
     assert proc.returncode == 128 + signal.SIGTERM, text[-3000:]
     assert "stopped by signal" in text
-    state = torch.load(run / "checkpoints" / "last.pt", map_location="cpu", weights_only=False)
+    state = torch.load(run / "checkpoints" / "last.pt", map_location="cpu", weights_only=True)
     assert state["next_epoch"] == 0 and state["next_step"] >= 3  # mid-epoch: resume skips trained batches
     resumed = run_train(
         [*TINY, f"data.root={sample_root}", "trainer.epochs=1", f"hydra.run.dir={run}", "trainer.resume=auto"]
@@ -178,9 +178,9 @@ def test_ema_mixup_cutmix_label_smoothing_grad_accum(sample_root, tmp_path):
     )
     summary = read_json(run / "summary.json")
     assert summary["val_samples"] == 100 and summary["global_batch"] == 32
-    state = torch.load(run / "checkpoints" / "last.pt", map_location="cpu", weights_only=False)
-    assert state["ema"] is not None and state["global_step"] == 13  # 25 micro-batches -> 13 updates
-    assert any(not torch.equal(state["ema"][k], state["model"][k]) for k in state["model"] if k.endswith("weight"))
+    state = torch.load(run / "checkpoints" / "last.pt", map_location="cpu", weights_only=True)
+    assert state["model_ema"] is not None and state["global_step"] == 13  # 25 micro-batches -> 13 updates
+    assert any(not torch.equal(state["model_ema"][k], state["model"][k]) for k in state["model"] if k.endswith("weight"))
 
 
 def test_eval_only_and_a_checkpoint_of_another_model(sample_root, tmp_path):
@@ -227,7 +227,7 @@ def test_an_undecodable_file_mid_epoch_saves_progress_and_names_the_file(small_r
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     error = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert len(error) == 1 and str(bad) in error[0] and "data.exclude_list" in error[0]
-    state = torch.load(run / "checkpoints" / "last.pt", map_location="cpu", weights_only=False)
+    state = torch.load(run / "checkpoints" / "last.pt", map_location="cpu", weights_only=True)
     assert state["next_epoch"] == 0
     exclude = tmp_path / "exclude.txt"
     exclude.write_text("train/n00000004/broken.JPEG\n")

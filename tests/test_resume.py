@@ -1,0 +1,216 @@
+"""Resume, checkpoint safety and write order end to end: train.py subprocesses, real signals, a
+size-limited file system."""
+
+from __future__ import annotations
+
+import json
+import math
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from dali_train.optim import build_scheduler
+from tests.conftest import REPO, TINY, launch_env, run_train
+from tests.test_checkpoint import crafted_checkpoint
+
+STEPS = 3  # trainer.max_steps_per_epoch: 3 updates per epoch at batch 8
+
+
+def args(root: Path, run: Path, *extra: str) -> list[str]:
+    return [*TINY, f"data.root={root}", "loader.batch_size=8", f"hydra.run.dir={run}", *extra]
+
+
+def rows(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+
+
+def assert_one_line_error(proc: subprocess.CompletedProcess, *needles: str) -> None:
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    for needle in needles:
+        assert needle in errors[0], errors[0]
+
+
+@pytest.fixture(scope="module")
+def trained(small_root, tmp_path_factory) -> Path:
+    """One epoch of resnet18 with EMA and SGD: checkpoints/last.pt and best.pt."""
+    run = tmp_path_factory.mktemp("trained") / "run"
+    run_train(args(small_root, run, "trainer.epochs=1", f"trainer.max_steps_per_epoch={STEPS}", "trainer.ema=true"))
+    return run
+
+
+@pytest.mark.parametrize("key", ["trainer.resume", "model.pretrained"])
+def test_a_crafted_checkpoint_never_runs(small_root, tmp_path, key):
+    marker = tmp_path / "MARKER"
+    evil = crafted_checkpoint(tmp_path / "evil.pt", marker)
+    proc = run_train(args(small_root, tmp_path / "run", f"{key}={evil}"), check=False)
+    assert_one_line_error(proc, f"{key}={evil}", "without running code")
+    assert not marker.exists()
+
+
+def test_more_epochs_on_resume_continue_on_the_longer_schedule(small_root, trained, tmp_path):
+    """trainer.epochs 1 -> 2: epoch 1 trains on the 2-epoch cosine (it used to run at LR 0)."""
+    run = tmp_path / "run"
+    resume = f"trainer.resume={trained / 'checkpoints' / 'last.pt'}"
+    run_train(
+        args(small_root, run, "trainer.epochs=2", f"trainer.max_steps_per_epoch={STEPS}", resume, "trainer.ema=true")
+    )
+    param = torch.nn.Parameter(torch.zeros(1))
+    optimizer = torch.optim.SGD([param], lr=0.1 * 8 / 256)
+    sched = SimpleNamespace(
+        name="cosine", warmup_epochs=1, warmup_lr_init=1e-5, min_lr=0.0
+    )  # conf/scheduler/cosine.yaml
+    schedule = build_scheduler(sched, optimizer, steps_per_epoch=STEPS, epochs=2)
+    logged = rows(run / "steps.jsonl")
+    assert logged and all(r["epoch"] == 1 for r in logged)
+    for r in logged:
+        schedule.step_update(num_updates=r["step"])
+        assert math.isclose(r["train/lr"], optimizer.param_groups[0]["lr"], rel_tol=1e-6, abs_tol=1e-12), r
+    assert any(r["train/lr"] > 0.1 * 0.1 * 8 / 256 for r in logged)
+
+
+def test_an_optimizer_change_on_resume_is_one_line(small_root, trained, tmp_path):
+    proc = run_train(
+        args(small_root, tmp_path / "run", "optimizer=adamw", f"trainer.resume={trained / 'checkpoints' / 'last.pt'}"),
+        check=False,
+    )
+    assert_one_line_error(proc, "optimizer.name=adamw", "optimizer.name=sgd")
+
+
+def test_a_negative_lr_is_one_line(small_root, tmp_path):
+    assert_one_line_error(
+        run_train(args(small_root, tmp_path / "run", "optimizer.lr=-0.1"), check=False), "optimizer.lr=-0.1"
+    )
+
+
+def test_eval_only_with_resume_auto_and_no_checkpoint_has_nothing_to_evaluate(small_root, tmp_path):
+    proc = run_train(args(small_root, tmp_path / "run", "trainer.eval_only=true", "trainer.resume=auto"), check=False)
+    assert_one_line_error(proc, "nothing to evaluate")
+
+
+def test_batch_size_change_mid_epoch_is_an_error_and_at_an_epoch_boundary_maps_by_epoch(small_root, trained, tmp_path):
+    """A mid-epoch checkpoint (SIGTERM) resumed with batch 8 -> 16: one line naming loader.batch_size.
+    The end-of-epoch checkpoint resumed with batch 16: the schedule continues at epoch 1 of the new
+    batch size's schedule (the documented mapping)."""
+    run = tmp_path / "stopped"
+    cmd = [
+        sys.executable,
+        str(REPO / "train.py"),
+        *args(small_root, run, "trainer.epochs=1", "trainer.log_every_n_steps=1"),
+    ]
+    proc = subprocess.Popen(
+        cmd, cwd=REPO, env=launch_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
+    deadline = time.monotonic() + 300
+    while not rows(run / "steps.jsonl") and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.05)  # steps.jsonl is flushed at every log interval
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=300) == 128 + signal.SIGTERM, proc.stderr.read()[-2000:]
+    last = run / "checkpoints" / "last.pt"
+    assert torch.load(last, weights_only=True)["next_step"] > 0
+    proc = run_train(args(small_root, tmp_path / "a", "loader.batch_size=16", f"trainer.resume={last}"), check=False)
+    assert_one_line_error(proc, "loader.batch_size=16", "loader.batch_size=8", "mid-epoch")
+
+    mapped = tmp_path / "b"
+    resume = f"trainer.resume={trained / 'checkpoints' / 'last.pt'}"
+    proc = run_train([*args(small_root, mapped, "trainer.epochs=2", resume), "loader.batch_size=16"])
+    assert "updates per epoch changed from 3 to 8" in proc.stdout
+    assert torch.load(mapped / "checkpoints" / "last.pt", weights_only=True)["global_step"] == 2 * 8
+
+
+def test_grad_accum_schedule_length_is_the_updates_made(small_root, tmp_path):
+    """5 micro-steps at accumulation 2 make 3 updates per epoch: the LR reaches min_lr (0) only at
+    the run's last update (floor made 2 per epoch: the last updates ran at min_lr)."""
+    run = tmp_path / "run"
+    run_train(
+        args(small_root, run, "trainer.epochs=2", "trainer.max_steps_per_epoch=5", "trainer.grad_accum_steps=2")
+        + ["trainer.log_every_n_steps=1"]
+    )
+    assert torch.load(run / "checkpoints" / "last.pt", weights_only=True)["global_step"] == 6
+    logged = rows(run / "steps.jsonl")
+    assert {r["step"] for r in logged if r["train/lr"] == 0} == {6}
+
+
+def test_sigkill_after_the_log_row_then_resume_auto_keeps_one_row_per_epoch(small_root, tmp_path):
+    """Killed right after epoch 0's metrics row: last.pt never claims an epoch without its row; a
+    stale temp file is removed at start; the resumed run redoes the epoch and the logs have each
+    epoch and step once."""
+    run = tmp_path / "run"
+    common = args(small_root, run, "trainer.epochs=2", f"trainer.max_steps_per_epoch={STEPS}", "trainer.resume=auto")
+    proc = subprocess.Popen(
+        [sys.executable, str(REPO / "train.py"), *common], cwd=REPO, env=launch_env(), stdout=subprocess.DEVNULL
+    )
+    deadline = time.monotonic() + 300
+    while not rows(run / "metrics.jsonl") and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=60)
+    last = run / "checkpoints" / "last.pt"
+    if last.is_file():  # the kill came after the write: it claims epoch 0 only, which has its row
+        assert torch.load(last, weights_only=True)["next_epoch"] <= len(rows(run / "metrics.jsonl"))
+    stale = run / "checkpoints" / ".last.pt.tmp-99999"
+    stale.parent.mkdir(exist_ok=True)
+    stale.write_bytes(b"half a checkpoint")
+    out = run_train(common)
+    assert "removed" in out.stdout and not stale.exists()
+    assert [r["epoch"] for r in rows(run / "metrics.jsonl")] == [0, 1]
+    steps = [r["step"] for r in rows(run / "steps.jsonl")]
+    assert steps == sorted(steps) and len(steps) == len(set(steps)) and steps[-1] == 2 * STEPS
+
+
+def _tmpfs(path: Path, size: str) -> bool:
+    path.mkdir(parents=True)
+    return (
+        subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True
+        ).returncode
+        == 0
+    )
+
+
+def test_disk_full_during_a_checkpoint_write_is_one_line_and_keeps_the_previous(small_root, tmp_path):
+    """test_resnet checkpoints are ~2.9 MiB; an 8 MiB tmpfs holds epoch 0's best.pt and last.pt
+    but not a third file. Without mount permission, RLIMIT_FSIZE makes every checkpoint write fail."""
+    run = tmp_path / "fs" / "run"
+    mounted = _tmpfs(tmp_path / "fs", "8m")
+    limit = (
+        None
+        if mounted
+        else (
+            lambda: (
+                signal.signal(signal.SIGXFSZ, signal.SIG_IGN),
+                resource.setrlimit(resource.RLIMIT_FSIZE, (2**20, 2**20)),
+            )
+        )
+    )
+    try:
+        cmd = [
+            sys.executable,
+            str(REPO / "train.py"),
+            *args(small_root, run, "model.name=test_resnet", "trainer.epochs=3"),
+        ]
+        cmd += [
+            f"trainer.max_steps_per_epoch={STEPS}",
+            "optimizer.lr=1e-9",
+        ]  # same accuracy every epoch: best.pt rewritten
+        proc = subprocess.run(
+            cmd, cwd=REPO, env=launch_env(), capture_output=True, text=True, timeout=300, preexec_fn=limit
+        )
+        assert_one_line_error(proc, f"could not write {run / 'checkpoints'}", "MiB", "is kept")
+        assert "a checkpoint write may fail" in proc.stdout or not mounted
+        assert not list((run / "checkpoints").glob(".*.tmp-*"))
+        if mounted:
+            assert torch.load(run / "checkpoints" / "last.pt", weights_only=True)["next_epoch"] == 1
+    finally:
+        if mounted:
+            subprocess.run(["umount", str(tmp_path / "fs")], check=False)
+    shutil.rmtree(tmp_path / "fs", ignore_errors=True)
