@@ -230,12 +230,18 @@ class DaliLoader:
             pipe = _val_pipeline(self.split.files, self.split.labels, **self._pipe_kwargs(self.seed + 7))
             policy = LastBatchPolicy.PARTIAL  # drop the padded duplicates: exact val counts
         started = time.perf_counter()
-        pipe.build()
-        built = time.perf_counter()
-        # The iterator runs the pipeline for its first batch before it returns.
-        iterator = DALIGenericIterator(
-            pipe, ["images", "labels"], reader_name="Reader", last_batch_policy=policy, auto_reset=True
-        )
+        try:
+            pipe.build()
+            built = time.perf_counter()
+            # The iterator runs the pipeline for its first batches before it returns, so a bad
+            # file there fails here: in set_epoch, i.e. during the previous epoch's validation.
+            iterator = DALIGenericIterator(
+                pipe, ["images", "labels"], reader_name="Reader", last_batch_policy=policy, auto_reset=True
+            )
+        except RuntimeError as e:
+            if not _is_pipeline_error(e):
+                raise
+            raise self._decode_error(0) from None
         self.build_times.append((built - started, time.perf_counter() - built))
         log.debug(
             "%s pipeline: build %.2f s, first batch %.2f s", "train" if self.train else "val", *self.build_times[-1]
@@ -256,7 +262,7 @@ class DaliLoader:
                 yield images.to(self.device, non_blocking=True), labels
                 done += 1
         except RuntimeError as e:
-            if "pipeline" not in str(e):
+            if not _is_pipeline_error(e):
                 raise
             self._iterator = None  # a pipeline that failed cannot run again
             raise self._decode_error(done) from None
@@ -286,7 +292,14 @@ class DaliLoader:
             if bad
             else (f"a file among {len(candidates)} of {self.split.root}")
         )
+        where = f"epoch {self.epoch}, batch {self.start_step + done}" if self.train else f"validation batch {done}"
         return DatasetError(
-            f"DALI could not decode {what} (epoch {self.epoch}, batch {self.start_step + done}); list it in a file "
-            f"passed as data.exclude_list= (scripts/scan_dataset.py writes one) and resume with trainer.resume="
+            f"DALI could not decode {what} ({where}); list it in a file passed as data.exclude_list= "
+            f"(scripts/scan_dataset.py writes one) and resume with trainer.resume="
         )
+
+
+def _is_pipeline_error(e: RuntimeError) -> bool:
+    """DALI reports an operator failure (a file it cannot read or decode) as a RuntimeError
+    "Critical error in pipeline: ..."; other RuntimeErrors are bugs and keep their traceback."""
+    return "pipeline" in str(e)
