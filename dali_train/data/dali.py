@@ -24,7 +24,7 @@ import torch
 from nvidia.dali import fn, pipeline_def, types
 from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
 
-from dali_train.data.folder import DatasetError, Split
+from dali_train.data.folder import EXCLUDE_HINT, DatasetError, Split
 from dali_train.data.order import EpochOrder, contiguous_shard, epoch_order, steps_per_epoch
 from dali_train.distributed import DistInfo
 
@@ -293,10 +293,7 @@ class DaliLoader:
             else (f"a file among {len(candidates)} of {self.split.root}")
         )
         where = f"epoch {self.epoch}, batch {self.start_step + done}" if self.train else f"validation batch {done}"
-        return DatasetError(
-            f"DALI could not decode {what} ({where}); list it in a file passed as data.exclude_list= "
-            f"(scripts/scan_dataset.py writes one) and resume with trainer.resume="
-        )
+        return DatasetError(f"DALI could not decode {what} ({where}); {EXCLUDE_HINT}")
 
 
 def _is_pipeline_error(e: RuntimeError) -> bool:

@@ -37,6 +37,12 @@ class DatasetError(UserError):
     """A problem with the dataset folder that the user must fix; its text is one line."""
 
 
+# The fix for a file a loader could not decode mid-run (both loaders say it the same way).
+EXCLUDE_HINT = (
+    "list it in a file passed as data.exclude_list= (scripts/scan_dataset.py writes one) and resume with trainer.resume="
+)
+
+
 @dataclass(frozen=True)
 class Split:
     root: Path  # the split folder, e.g. <data.root>/train
