@@ -10,6 +10,7 @@ from PIL import Image
 
 from dali_train.data.folder import DatasetError, scan_dataset
 from dali_train.data.sample import synthetic_image
+from tests.data.damage import damage_huffman_table
 
 
 def make_tree(root: Path, classes=("a", "b"), per_class=3) -> Path:
@@ -37,6 +38,7 @@ def bad_tree(tmp_path) -> Path:
     (b / "notes.txt").write_text("ignored: not an image extension")
     (b / "padded.JPEG").write_bytes(data + b"\x00" * 100)  # valid: some writers pad after EOI
     (b / "headers.JPEG").write_bytes(data[:20] + bytes(180) + data[200:])  # SOI and EOI intact
+    (b / "dht.JPEG").write_bytes(damage_huffman_table(data))  # passes the header walk, DALI fails
     return root
 
 
