@@ -75,12 +75,14 @@ def init_distributed() -> DistInfo:
 
 
 def shared_run_stamp() -> str:
-    """A `YYYY-MM-DD/HH-MM-SS` stamp that all ranks agree on.
+    """A `YYYY-MM-DD/HH-MM-SS.mmm_PID` stamp that all ranks agree on.
 
     Hydra resolves `${now:...}` in every process separately; ranks started a second apart would
-    write to different run directories. Rank 0's clock decides; the others receive it.
+    write to different run directories. Rank 0's clock decides; the others receive it. Rank 0's
+    pid and the milliseconds keep two runs started in the same second out of each other's dir.
     """
-    stamp = dt.datetime.now().strftime("%Y-%m-%d/%H-%M-%S")
+    now = dt.datetime.now()
+    stamp = f"{now:%Y-%m-%d/%H-%M-%S}.{now.microsecond // 1000:03d}_{os.getpid()}"
     info = init_distributed()
     return broadcast_object(stamp, info)
 

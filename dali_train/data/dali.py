@@ -24,7 +24,7 @@ import torch
 from nvidia.dali import fn, pipeline_def, types
 from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
 
-from dali_train.data.folder import DatasetError, Split
+from dali_train.data.folder import EXCLUDE_HINT, DatasetError, Split
 from dali_train.data.order import EpochOrder, contiguous_shard, epoch_order, steps_per_epoch
 from dali_train.distributed import DistInfo
 
@@ -240,12 +240,18 @@ class DaliLoader:
             pipe = _val_pipeline(self.split.files, self.split.labels, **self._pipe_kwargs(self.seed + 7))
             policy = LastBatchPolicy.PARTIAL  # drop the padded duplicates: exact val counts
         started = time.perf_counter()
-        pipe.build()
-        built = time.perf_counter()
-        # The iterator runs the pipeline for its first batch before it returns.
-        iterator = DALIGenericIterator(
-            pipe, ["images", "labels"], reader_name="Reader", last_batch_policy=policy, auto_reset=True
-        )
+        try:
+            pipe.build()
+            built = time.perf_counter()
+            # The iterator runs the pipeline for its first batches before it returns, so a bad
+            # file there fails here: in set_epoch, i.e. during the previous epoch's validation.
+            iterator = DALIGenericIterator(
+                pipe, ["images", "labels"], reader_name="Reader", last_batch_policy=policy, auto_reset=True
+            )
+        except RuntimeError as e:
+            if not _is_pipeline_error(e):
+                raise
+            raise self._decode_error(0) from None
         self.build_times.append((built - started, time.perf_counter() - built))
         log.debug(
             "%s pipeline: build %.2f s, first batch %.2f s", "train" if self.train else "val", *self.build_times[-1]
@@ -266,7 +272,7 @@ class DaliLoader:
                 yield images.to(self.device, non_blocking=True), labels
                 done += 1
         except RuntimeError as e:
-            if "pipeline" not in str(e):
+            if not _is_pipeline_error(e):
                 raise
             self._iterator = None  # a pipeline that failed cannot run again
             raise self._decode_error(done) from None
@@ -296,7 +302,11 @@ class DaliLoader:
             if bad
             else (f"a file among {len(candidates)} of {self.split.root}")
         )
-        return DatasetError(
-            f"DALI could not decode {what} (epoch {self.epoch}, batch {self.start_step + done}); list it in a file "
-            f"passed as data.exclude_list= (scripts/scan_dataset.py writes one) and resume with trainer.resume="
-        )
+        where = f"epoch {self.epoch}, batch {self.start_step + done}" if self.train else f"validation batch {done}"
+        return DatasetError(f"DALI could not decode {what} ({where}); {EXCLUDE_HINT}")
+
+
+def _is_pipeline_error(e: RuntimeError) -> bool:
+    """DALI reports an operator failure (a file it cannot read or decode) as a RuntimeError
+    "Critical error in pipeline: ..."; other RuntimeErrors are bugs and keep their traceback."""
+    return "pipeline" in str(e)

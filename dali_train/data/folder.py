@@ -19,8 +19,8 @@ from dali_train.errors import UserError
 
 log = logging.getLogger(__name__)
 
-# Extensions listed as images (case-insensitive). Other files in a class folder (README.txt,
-# .DS_Store) are ignored, as torchvision's ImageFolder ignores them.
+# Extensions listed as images (case-insensitive). Other files in a class folder (README.txt) and
+# dotfiles (.DS_Store, .hidden.JPEG) are ignored.
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp")
 
 _MAGIC = {  # leading bytes of the formats DALI's decoders read
@@ -35,6 +35,12 @@ _MAGIC = {  # leading bytes of the formats DALI's decoders read
 
 class DatasetError(UserError):
     """A problem with the dataset folder that the user must fix; its text is one line."""
+
+
+# The fix for a file a loader could not decode mid-run (both loaders say it the same way).
+EXCLUDE_HINT = (
+    "list it in a file passed as data.exclude_list= (scripts/scan_dataset.py writes one) and resume with trainer.resume="
+)
 
 
 @dataclass(frozen=True)
@@ -148,6 +154,20 @@ def find_bad_files(files: list[str], chunk: int = 8192) -> list[tuple[str, str]]
         return [bad for part in pool.map(_sniff_chunk, chunks) for bad in part]
 
 
+def list_images(class_dir: Path) -> tuple[list[str], list[str]]:
+    """Sorted image names in a class folder, and the paths of image-named symlinks to missing
+    files. Dotfiles (`.DS_Store`, `._x.JPEG` from macOS, `.hidden.JPEG`) are never images."""
+    names, dangling = [], []
+    for e in os.scandir(class_dir):
+        if e.name.startswith(".") or not e.name.lower().endswith(IMAGE_EXTENSIONS):
+            continue
+        if e.is_file():
+            names.append(e.name)
+        elif e.is_symlink() and not os.path.exists(e.path):
+            dangling.append(e.path)
+    return sorted(names), sorted(dangling)
+
+
 def read_exclude_list(path: str) -> set[str]:
     """Paths relative to data.root, one per line; `#` starts a comment."""
     p = Path(path)
@@ -169,11 +189,10 @@ def scan_split(
             f"{split_dir}: class folder(s) {unknown[:3]} not in {root / 'train'}; splits must share classes"
         )
     index = {c: i for i, c in enumerate(class_names)}
-    files, labels, excluded = [], [], []
+    files, labels, excluded, dangling = [], [], [], []
     for c in classes:
-        names = sorted(
-            e.name for e in os.scandir(split_dir / c) if e.is_file() and e.name.lower().endswith(IMAGE_EXTENSIONS)
-        )
+        names, missing = list_images(split_dir / c)
+        dangling += missing
         if not names:
             raise DatasetError(f"{split_dir / c}: class folder has no images ({', '.join(IMAGE_EXTENSIONS)})")
         for n in names:
@@ -183,6 +202,9 @@ def scan_split(
                 continue
             files.append(str(split_dir / c / n))
             labels.append(index[c])
+    if dangling:  # a link whose target is gone: a lost file the user should know about
+        shown = ", ".join(dangling[:10]) + (f" and {len(dangling) - 10} more" if len(dangling) > 10 else "")
+        log.warning("skipping %d symlink(s) to missing files in %s: %s", len(dangling), split_dir, shown)
     split = Split(split_dir, files, labels, excluded)
     return split.without(find_bad_files(files)) if verify else split
 

@@ -17,7 +17,7 @@ from torchvision import transforms as T
 from torchvision.datasets.folder import default_loader
 
 from dali_train.data.dali import Transform
-from dali_train.data.folder import Split
+from dali_train.data.folder import EXCLUDE_HINT, DatasetError, Split
 from dali_train.data.order import contiguous_shard, epoch_order, steps_per_epoch
 from dali_train.distributed import DistInfo
 
@@ -33,7 +33,12 @@ class FileListDataset(Dataset):
         return len(self.split)
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
-        return self.transform(default_loader(self.split.files[i])), self.split.labels[i]
+        path = self.split.files[i]
+        try:
+            image = default_loader(path)
+        except (OSError, SyntaxError, ValueError) as e:  # what PIL raises for unreadable/undecodable files
+            raise DatasetError(f"could not decode {path}: {e}") from None
+        return self.transform(image), self.split.labels[i]
 
 
 def train_transform(size: int, t: Transform) -> Callable:
@@ -147,6 +152,15 @@ class TorchLoader:
             loader = self._loader
         memory_format = torch.channels_last if self.transform.channels_last else torch.contiguous_format
         dtype = torch.float16 if self.transform.half else torch.float32
-        for images, labels in loader:
-            images = images.to(self.device, non_blocking=True).to(dtype=dtype, memory_format=memory_format)
-            yield images, labels.to(self.device, non_blocking=True)
+        done = 0
+        try:
+            for images, labels in loader:
+                images = images.to(self.device, non_blocking=True).to(dtype=dtype, memory_format=memory_format)
+                yield images, labels.to(self.device, non_blocking=True)
+                done += 1
+        except DatasetError as e:
+            # From a worker, DataLoader re-raises it with the worker's traceback in the text; its
+            # last line is "...DatasetError: <our one line>". Batches arrive in order: `done` is the bad one.
+            message = str(e).strip().splitlines()[-1].split("DatasetError: ", 1)[-1]
+            where = f"epoch {self.epoch}, batch {self.start_step + done}" if self.train else f"validation batch {done}"
+            raise DatasetError(f"{message} ({where}); {EXCLUDE_HINT}") from None

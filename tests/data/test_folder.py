@@ -10,6 +10,7 @@ from PIL import Image
 
 from dali_train.data.folder import DatasetError, scan_dataset
 from dali_train.data.sample import synthetic_image
+from tests.data.damage import damage_huffman_table
 
 
 def make_tree(root: Path, classes=("a", "b"), per_class=3) -> Path:
@@ -37,6 +38,7 @@ def bad_tree(tmp_path) -> Path:
     (b / "notes.txt").write_text("ignored: not an image extension")
     (b / "padded.JPEG").write_bytes(data + b"\x00" * 100)  # valid: some writers pad after EOI
     (b / "headers.JPEG").write_bytes(data[:20] + bytes(180) + data[200:])  # SOI and EOI intact
+    (b / "dht.JPEG").write_bytes(damage_huffman_table(data))  # passes the header walk, DALI fails
     return root
 
 
@@ -106,3 +108,22 @@ def test_bad_folders_fail_with_one_line_naming_the_path(tmp_path, breakage, mess
     text = str(err.value)
     assert message in text and "\n" not in text
     assert str(tmp_path) in text
+
+
+def test_dotfiles_are_skipped_and_a_dangling_symlink_is_named_in_one_warning(tmp_path, caplog):
+    root = make_tree(tmp_path / "ds")
+    a = root / "train" / "a"
+    good = (a / "ok0.JPEG").read_bytes()
+    (a / ".hidden.JPEG").write_bytes(good)  # a valid image, but a dotfile
+    (a / "._ok1.JPEG").write_bytes(b"\x00\x05\x16\x07")  # macOS resource fork next to ok1.JPEG
+    (a / ".DS_Store").write_bytes(b"\x00\x00\x00\x01Bud1")
+    (a / "linked.JPEG").symlink_to(a / "ok1.JPEG")  # a working link is an image like any other
+    (a / "gone.JPEG").symlink_to(tmp_path / "elsewhere" / "gone.JPEG")
+    (root / "val" / "b" / "gone_too.JPEG").symlink_to(tmp_path / "nowhere.JPEG")
+    ds = scan_dataset(str(root))
+    names = {Path(f).name for f in ds.train.files + ds.val.files}
+    assert not {n for n in names if n.startswith(".")}
+    assert "linked.JPEG" in names and "gone.JPEG" not in names and len(ds.train.files) == 7
+    warnings = [r.getMessage() for r in caplog.records if "symlink" in r.getMessage()]
+    assert len(warnings) == 2  # one line per split, naming every dangling link
+    assert str(a / "gone.JPEG") in warnings[0] and str(root / "val" / "b" / "gone_too.JPEG") in warnings[1]

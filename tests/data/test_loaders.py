@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
+
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 
 from dali_train.config import register_configs
-from dali_train.data import build_loaders, progressive_size
+from dali_train.data import DatasetError, build_loaders, progressive_size
+from dali_train.data.order import epoch_order
 from dali_train.distributed import DistInfo
 from tests.conftest import REPO
+from tests.data.damage import damage_huffman_table
 
 CPU = torch.device("cpu")
 
@@ -133,3 +138,50 @@ def test_progressive_size_reaches_the_pipeline(sample_root):
         ld.train.set_epoch(epoch)
         shapes.append(next(iter(ld.train))[0].shape[-1])
     assert shapes == [24, 32, 40]
+
+
+def plant(path: str) -> str:
+    """Damage a JPEG's Huffman table in place: it passes the startup check, DALI cannot decode it."""
+    Path(path).write_bytes(damage_huffman_table(Path(path).read_bytes()))
+    return path
+
+
+def assert_names(err: pytest.ExceptionInfo, path: str) -> None:
+    text = str(err.value)
+    assert path in text and "\n" not in text and "data.exclude_list" in text, text
+
+
+@pytest.fixture
+def copied_root(small_root, tmp_path) -> Path:
+    shutil.copytree(small_root, tmp_path / "data")
+    return tmp_path / "data"
+
+
+@pytest.mark.parametrize("name", ["dali_cpu", "pytorch"])
+@pytest.mark.parametrize("folder", ["n00000000", "n00000007"])  # the first batch (read as DALI builds), a later one
+def test_a_damaged_val_file_is_a_one_line_error_naming_it(copied_root, name, folder):
+    bad = plant(str(sorted(copied_root.glob(f"val/{folder}/*.JPEG"))[0]))
+    ld = loaders(copied_root, f"loader={name}", "loader.num_workers=2", *SMALL, "loader.batch_size=8")
+    assert bad in ld.dataset.val.files  # the startup check let it through
+    with pytest.raises(DatasetError) as err:
+        list(ld.val)
+    assert_names(err, bad)
+
+
+@pytest.mark.parametrize("name", ["dali_cpu", "pytorch"])
+@pytest.mark.parametrize("batch", [0, 9])
+def test_a_damaged_train_file_is_a_one_line_error_naming_it(copied_root, name, batch):
+    """Batch 0 of epoch 1: DALI decodes it while the iterator is built, in set_epoch(1), which
+    train.py calls before validating epoch 0. Batch 9: mid-epoch, beyond DALI's prefetch."""
+    ld = loaders(copied_root, f"loader={name}", "loader.num_workers=2", *SMALL, "loader.batch_size=8")
+    ld.train.set_epoch(0)
+    assert len(list(ld.train)) == 15  # a clean epoch 0
+    order = epoch_order(120, seed=0, epoch=1, batch_size=8, world_size=1).rank_block(0, 1)
+    bad = plant(ld.dataset.train.files[order[batch * 8 + 3]])
+    seen = 0
+    with pytest.raises(DatasetError) as err:
+        ld.train.set_epoch(1)
+        for _ in ld.train:
+            seen += 1
+    assert_names(err, bad)
+    assert seen <= batch

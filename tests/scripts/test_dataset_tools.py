@@ -14,7 +14,9 @@ from PIL import Image
 from dali_train.data.folder import scan_dataset
 from dali_train.data.sample import synthetic_image
 from tests.conftest import REPO  # noqa: F401 - sample_root comes from conftest
-from tests.data.test_folder import bad_tree  # noqa: F401 - fixture reused
+from tests.data.damage import damage_scan_data
+from tests.data.test_folder import bad_tree, make_tree  # noqa: F401 - fixture reused
+from tests.data.test_loaders import SMALL, loaders
 
 SCRIPTS = [
     "make_synthetic_imagenet.py",
@@ -76,11 +78,48 @@ def test_scan_dataset_classifies_bad_files_and_its_exclude_list_works(bad_tree, 
     assert report["train/b/text.JPEG"] == ["not-an-image"] and report["train/a/cmyk.JPEG"] == ["cmyk"]
     assert report["train/b/headers.JPEG"] == ["corrupt-headers"]
     assert report["train/a/gray.JPEG"] == ["grayscale"] and report["train/a/png.JPEG"] == ["wrong-content"]
+    assert report["train/b/dht.JPEG"] == ["undecodable"]  # passes train.py's startup check, not DALI
+    assert not {f for f in report if "/ok" in f or "padded" in f}  # no finding on clean files
     exclude = Path(f"{out}_exclude.txt").read_text()
     assert "train/b/zero.JPEG" in exclude and "train/a/cmyk.JPEG" not in exclude
     ds = scan_dataset(str(bad_tree), exclude_list=f"{out}_exclude.txt", verify=False)
     names = {Path(f).name for f in ds.train.files}
-    assert not names & {"zero.JPEG", "truncated.JPEG", "text.JPEG", "headers.JPEG"} and "cmyk.JPEG" in names
+    assert not names & {"zero.JPEG", "truncated.JPEG", "text.JPEG", "headers.JPEG", "dht.JPEG"}
+    assert "cmyk.JPEG" in names
+
+
+def test_scan_dataset_reports_damaged_scan_data_that_dali_decodes_with_an_anonymous_warning(tmp_path, capfd):
+    """Damage inside the entropy-coded data: headers and end marker intact, so train.py's startup
+    check passes and DALI decodes the file, printing "Corrupt JPEG data" without a file name. The
+    scan names those files; with its exclude list DALI reads the folder without that warning."""
+    root = make_tree(tmp_path / "ds")
+    val = root / "val" / "a"
+    synthetic_image(0, "val", 0, 9, 2, 320, 240, 10).save(val / "big.JPEG", quality=90)
+    data = (val / "big.JPEG").read_bytes()
+    (val / "cut.JPEG").write_bytes(data[: len(data) // 2] + b"\xff\xd9")  # half written, end marker appended
+    damaged = [f"val/a/scan{i}.JPEG" for i in range(8)]
+    for i, rel in enumerate(damaged):
+        (root / rel).write_bytes(damage_scan_data(data, seed=i))
+
+    capfd.readouterr()
+    list(loaders(root, "loader=dali_cpu", *SMALL).val)
+    assert "Corrupt JPEG data" in capfd.readouterr().err  # what a run shows today: no file named
+
+    out = tmp_path / "scan"
+    script("scan_dataset.py", root, "--out", out, "--workers", 2)
+    report = json.loads(Path(f"{out}.json").read_text())
+    findings, messages = report["findings"], report["messages"]
+    assert findings["val/a/cut.JPEG"] == ["corrupt-data"] and "premature end" in messages["val/a/cut.JPEG"]
+    flagged = [rel for rel in damaged if rel in findings]
+    # corrupt-data: DALI's decoder warned; undecodable: PIL's stricter decode gave up (DALI did not).
+    assert all(findings[rel] in (["corrupt-data"], ["undecodable"]) for rel in flagged)
+    assert all("Corrupt JPEG data" in messages[rel] for rel in flagged if findings[rel] == ["corrupt-data"])
+    assert len(flagged) >= len(damaged) // 2  # the rest decode without any warning: see the README
+    assert set(findings) == {"val/a/cut.JPEG", *flagged}  # nothing on the clean files
+
+    capfd.readouterr()
+    list(loaders(root, "loader=dali_cpu", *SMALL, f"data.exclude_list={out}_exclude.txt").val)
+    assert "Corrupt JPEG data" not in capfd.readouterr().err
 
 
 def test_resize_dataset_keeps_layout_and_caps_the_side(tmp_path):
