@@ -194,3 +194,15 @@ def test_a_stopped_rank_ends_the_other_after_dist_timeout_s(small_root, tmp_path
     [line] = [line for line in err.splitlines() if line.startswith("error:")]
     assert "trainer.dist_timeout_s=4" in line and waited < 60
     assert read_json(run / "summary.json")["end_state"] == "collective timed out"
+
+
+def test_a_write_that_hits_a_full_disk_ends_as_disk_full():
+    """The mapping only: writing the checkpoint (and removing its temp file) is checkpoint.py's."""
+    import errno
+
+    from dali_train.ending import RunShape, ending_for
+
+    shape = RunShape("resnet18", 256, 1, torch.device("cpu"))
+    full = OSError(errno.ENOSPC, "No space left on device", "/run/checkpoints/.last.pt.tmp-1")
+    assert ending_for(full, shape, 1800, training=True).state == "disk full"
+    assert ending_for(ValueError("a bug"), shape, 1800, training=True) is None  # keeps its traceback
