@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import math
 import os
 import signal
 import sys
@@ -27,7 +28,16 @@ from omegaconf import DictConfig, OmegaConf
 from dali_train.checkpoint import Checkpointer, CheckpointMeta
 from dali_train.config import register_configs
 from dali_train.data import DatasetError, build_loaders
-from dali_train.distributed import barrier, init_distributed, shared_run_stamp, shutdown
+from dali_train.distributed import (
+    DistInfo,
+    barrier,
+    init_distributed,
+    set_collective_timeout,
+    shared_run_stamp,
+    shutdown,
+)
+from dali_train.divergence import Diverged, nonfinite_tensors
+from dali_train.ending import COMPLETED, EXIT_USER, Ending, RunShape, ending_for, stopped_by_signal
 from dali_train.engine import LoopControl, StopFlag, evaluate, train_one_epoch
 from dali_train.errors import UserError
 from dali_train.logs import MetricsWriter, input_bound_verdict, setup_logging
@@ -43,14 +53,62 @@ from dali_train.runtime import (
 log = logging.getLogger("dali_train")
 
 
+class RunEnded(Exception):
+    """A run that did not complete; `main` turns it into its exit code (and one `error:` line)."""
+
+    def __init__(self, ending: Ending) -> None:
+        super().__init__(ending.message)
+        self.ending = ending
+
+
 def run(cfg: DictConfig) -> float:
+    """Train (or evaluate) per `cfg`; returns the best val top-1. Every ending, failures included,
+    is written to summary.json's `end_state`; one that is not `completed` raises RunEnded."""
     dist = init_distributed()
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     setup_logging(dist, run_dir)
     log.info("config:\n%s", OmegaConf.to_yaml(cfg))
+    writer = MetricsWriter(run_dir, dist.is_main)
+    summary: dict = {"world_size": dist.world_size, "loader": cfg.loader.name, "model": cfg.model.name}
+    started = time.perf_counter()
+    try:
+        ending = train(cfg, dist, run_dir, writer, summary)
+    except Exception as e:
+        shape = RunShape(cfg.model.name, cfg.loader.batch_size, cfg.trainer.grad_accum_steps, summary.get("device"))
+        ending = ending_for(e, shape, cfg.trainer.dist_timeout_s, training="epochs_completed" in summary)
+        if ending is None:  # a bug: its traceback follows from Hydra
+            end_run(writer, summary, Ending("crashed", 1, f"{type(e).__name__}: {e}"), started)
+            raise
+        end_run(writer, summary, ending, started)
+        raise RunEnded(ending) from None
+    end_run(writer, summary, ending, started)
+    if ending is not COMPLETED:
+        raise RunEnded(ending)
+    barrier(dist)
+    return summary["best_val_top1"]
+
+
+def end_run(writer: MetricsWriter, summary: dict, ending: Ending, started: float) -> None:
+    """summary.json with `end_state`, and the last log line: how the run ended."""
+    summary.update(end_state=ending.state, wall_time_s=time.perf_counter() - started)
+    if ending.message:
+        summary["end_message"] = ending.message
+    summary["device"] = str(summary.get("device"))
+    try:  # strict JSON: a best top-1 of -inf (nothing validated yet) is null
+        writer.summary({k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in summary.items()})
+        writer.close()
+    except OSError as e:  # a full disk, say: the ending itself still reaches the log and the exit code
+        log.warning("could not write summary.json: %s", e)
+    if ending is not COMPLETED:
+        (log.warning if ending.exit_code > 128 else log.error)("run ended: %s: %s", ending.state, ending.message)
+
+
+def train(cfg: DictConfig, dist: DistInfo, run_dir: Path, writer: MetricsWriter, summary: dict) -> Ending:
     check_options(cfg)
     tc = cfg.trainer
+    set_collective_timeout(tc.dist_timeout_s, dist)
     device = select_device(tc.device, dist)
+    summary["device"] = device
     amp_dtype = amp_dtype_for(tc.amp, device)
     configure_backends(device, deterministic=tc.deterministic, cudnn_benchmark=tc.cudnn_benchmark)
     stop = StopFlag()
@@ -62,6 +120,7 @@ def run(cfg: DictConfig) -> float:
     parts = build_train_parts(cfg, dist, device, num_classes=loaders.num_classes, updates_per_epoch=upe)
     model, ema, optimizer = parts.model, parts.ema, parts.optimizer
     global_batch = cfg.loader.batch_size * dist.world_size * tc.grad_accum_steps
+    summary.update(epochs=tc.epochs, global_batch=global_batch)
 
     # Restore: the schedule is the current config's, positioned at the checkpoint's step.
     meta = CheckpointMeta(
@@ -81,15 +140,25 @@ def run(cfg: DictConfig) -> float:
         raise UserError(
             f"trainer.eval_only=true trainer.resume={tc.resume}: no {checkpointer.path('last.pt')}, nothing to evaluate"
         )
-    writer = MetricsWriter(run_dir, dist.is_main)
     if resume:
         state = checkpointer.restore(resume, parts)
         start_epoch, start_step, best_top1 = state.next_epoch, state.next_step, state.best_top1
         log.info("resumed from %s at epoch %d step %d (best top-1 %.2f)", resume, start_epoch, start_step, best_top1)
     writer.drop_after(start_epoch, parts.global_step)  # rows logged after the checkpoint: redone now
+    summary["best_val_top1"] = best_top1
+    last_pt = checkpointer.path("last.pt")
+    saved_at = parts.global_step  # the update that last.pt (or the resumed file) holds
 
     def save(name: str, epoch: int, step: int) -> None:
+        nonlocal saved_at
+        if nonfinite_tensors([parts.model, ema], dist):  # never NaN weights over a good checkpoint
+            raise Diverged(
+                f"the weights became NaN/inf by update {parts.global_step} (epoch {epoch} step {step}); "
+                f"{name} keeps update {saved_at}; lower optimizer.lr or set trainer.clip_grad_norm",
+                parts.global_step,
+            )
         checkpointer.save(name, parts, next_epoch=epoch, next_step=step, best_top1=best_top1)
+        saved_at = parts.global_step
 
     ctl = LoopControl(
         writer,
@@ -98,41 +167,55 @@ def run(cfg: DictConfig) -> float:
         tc.save_every_n_steps,
         lambda e, s: save("last.pt", e, s),
         stop,
+        max_nonfinite_skips=tc.max_nonfinite_skips,
     )
     eval_model = ema.module if ema is not None else model  # best is tracked on EMA when it is on
 
-    def exit_on_signal(where: str) -> None:
-        log.warning("stopped by signal %s %s; saved %s", stop.signal, where, run_dir / "checkpoints" / "last.pt")
-        writer.close()
-        shutdown()
-        sys.exit(128 + (stop.signal or signal.SIGTERM))
+    def signal_ending(where: str) -> Ending:
+        signum = stop.signal or signal.SIGTERM
+        return stopped_by_signal(signum, f"signal {signum} {where}; saved {last_pt}")
 
     def validate() -> dict:
         return evaluate(
             eval_model, loaders.val, device=device, dist=dist, amp_dtype=amp_dtype, max_steps=tc.max_val_steps
         )
 
-    started, epoch_stats, metrics = time.perf_counter(), [], {}
+    def save_progress_before(error: Exception, epoch: int, step: int) -> None:
+        """A loader failed mid-epoch: keep what was trained, where that is safe (one process:
+        with several ranks the others may sit in a collective, so the last periodic save stands)."""
+        if not dist.enabled and parts.global_step != saved_at:
+            save("last.pt", epoch, step)
+            log.warning("saved %s at epoch %d step %d before stopping", last_pt, epoch, step)
+
+    epoch_stats, metrics = [], {}
+    summary["epochs_completed"] = start_epoch
     end_epoch = tc.epochs if tc.epochs_per_job is None else min(tc.epochs, start_epoch + tc.epochs_per_job)
     epochs = range(start_epoch, start_epoch if tc.eval_only else end_epoch)
     for epoch in epochs:
-        loaders.train.set_epoch(epoch, start_step)
         updates_before = parts.global_step
         try:
+            loaders.train.set_epoch(epoch, start_step)
             stats = train_one_epoch(parts, loaders.train, ctl, epoch=epoch, start_step=start_step)
-        except DatasetError:  # a file the startup check let through; keep what was trained
-            if not dist.enabled:  # (other ranks may sit in a collective: the last periodic save stands)
-                save("last.pt", epoch, start_step + (parts.global_step - updates_before) * tc.grad_accum_steps)
-                log.warning("saved %s before stopping", run_dir / "checkpoints" / "last.pt")
+        except DatasetError as e:  # a file the startup check let through; keep what was trained
+            save_progress_before(e, epoch, start_step + (parts.global_step - updates_before) * tc.grad_accum_steps)
             raise
         if stats.interrupted:
             save("last.pt", epoch, start_step + stats.steps)
-            exit_on_signal(f"at epoch {epoch} step {start_step + stats.steps}")
+            return signal_ending(f"at epoch {epoch} step {start_step + stats.steps}")
         start_step = 0
+        next_epoch_error = None
         if epoch + 1 < end_epoch:
-            loaders.train.set_epoch(epoch + 1)  # the next pipeline builds and prefetches during val
-        metrics = validate()
+            try:
+                loaders.train.set_epoch(epoch + 1)  # the next pipeline builds and prefetches during val
+            except DatasetError as e:  # its first batches: this epoch is still validated and saved
+                next_epoch_error = e
+        try:
+            metrics = validate()
+        except DatasetError as e:  # training of this epoch is complete: keep it, unvalidated
+            save_progress_before(e, epoch + 1, 0)
+            raise
         best_top1 = max(best_top1, metrics["top1"])
+        summary.update(best_val_top1=best_top1, epochs_completed=epoch + 1)
         epoch_stats.append(stats)
         # The log row first, last.pt last: a kill in between leaves a checkpoint that claims no
         # epoch without its row; the resume redoes the epoch and replaces the rows after it.
@@ -140,8 +223,10 @@ def run(cfg: DictConfig) -> float:
         if metrics["top1"] >= best_top1:
             save("best.pt", epoch + 1, 0)
         save("last.pt", epoch + 1, 0)
+        if next_epoch_error is not None:
+            raise next_epoch_error
         if epoch + 1 < end_epoch and stop.agreed(dist, device):
-            exit_on_signal(f"after epoch {epoch}")
+            return signal_ending(f"after epoch {epoch}")
 
     if not epoch_stats:  # eval_only, or resumed after the last epoch
         metrics = validate()
@@ -149,45 +234,48 @@ def run(cfg: DictConfig) -> float:
     if metrics["samples"] != loaders.num_val_files and tc.max_val_steps is None:
         log.warning("validation saw %d images, the val split has %d", metrics["samples"], loaders.num_val_files)
     img_s = sum(s.img_per_s for s in epoch_stats) / max(len(epoch_stats), 1)
-    wait = sum(s.data_wait_frac for s in epoch_stats) / max(len(epoch_stats), 1)
-    summary = {
-        "val_top1": metrics["top1"],
-        "val_top5": metrics["top5"],
-        "val_loss": metrics["loss"],
-        "best_val_top1": best_top1,
-        "val_samples": metrics["samples"],
-        "epochs": tc.epochs,
-        "world_size": dist.world_size,
-        "global_batch": global_batch,
-        "train_img_s": img_s,
-        "data_wait_frac": wait,
-        "wall_time_s": time.perf_counter() - started,
-        "loader": cfg.loader.name,
-        "model": cfg.model.name,
-        "device": str(device),
-    }
-    writer.summary(summary)
-    writer.close()
+    wait = sum(s.data_wait_frac for s in epoch_stats) / max(len(epoch_stats), 1)  # each: the max over ranks
+    summary.update(
+        val_top1=metrics["top1"],
+        val_top5=metrics["top5"],
+        val_loss=metrics["loss"],
+        best_val_top1=best_top1,
+        val_samples=metrics["samples"],
+        train_img_s=img_s,
+        data_wait_frac=wait,
+    )
     log.info(
-        "done: val top-1 %.2f (best %.2f), top-5 %.2f on %d images; %s",
+        "completed: val top-1 %.2f (best %.2f), top-5 %.2f on %d images; %s",
         metrics["top1"],
         best_top1,
         metrics["top5"],
         metrics["samples"],
         input_bound_verdict(wait, cfg.loader.name) if epoch_stats else "eval only",
     )
-    barrier(dist)
-    return best_top1
+    return COMPLETED
+
+
+_task_started = False  # Hydra exits 1 on composition errors; see __main__
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> float:
+    global _task_started
+    _task_started = True
     try:
+        missing = sorted(OmegaConf.missing_keys(cfg))
+        if missing:
+            raise UserError(f"{missing[0]}: no value; set it on the command line ({missing[0]}=...)")
         return run(cfg)
-    except UserError as e:
-        logging.getLogger("dali_train").error("%s", e)
+    except UserError as e:  # before the run dir: no summary
+        log.error("%s", e)
         print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+        sys.exit(EXIT_USER)
+    except RunEnded as e:
+        if e.ending.exit_code == EXIT_USER:
+            print(f"error: {e.ending.message}", file=sys.stderr)
+        shutdown()
+        sys.exit(e.ending.exit_code)
 
 
 if __name__ == "__main__":
@@ -195,4 +283,11 @@ if __name__ == "__main__":
     atexit.register(shutdown)  # after all jobs: a multirun reuses the process group between jobs
     # All ranks must write to one run dir: rank 0's timestamp, shared before Hydra resolves it.
     os.environ["DALI_TRAIN_RUN_STAMP"] = shared_run_stamp()
-    main()
+    try:
+        main()
+    except SystemExit as e:
+        # Hydra exits 1 on its composition errors (an unknown key, a wrong type, a bad override),
+        # printed as a short message: like a UserError, the user's to fix, so the same code 2.
+        if e.code == 1 and not _task_started:
+            sys.exit(EXIT_USER)
+        raise

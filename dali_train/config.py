@@ -122,6 +122,8 @@ class TrainerConfig:
     log_every_n_steps: int = 50  # step interval of logs, TensorBoard points and host syncs
     max_steps_per_epoch: int | None = None  # cap train steps per epoch (smoke tests)
     max_val_steps: int | None = None  # cap val batches (smoke tests; val_samples then partial)
+    max_nonfinite_skips: int = 0  # updates with a NaN/inf loss to skip before stopping; 0 = stop at the first
+    dist_timeout_s: int = 1800  # seconds a rank waits in a collective for the others before it stops
 
 
 @dataclass

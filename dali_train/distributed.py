@@ -70,8 +70,20 @@ def init_distributed() -> DistInfo:
         backend = "cpu:gloo,cuda:nccl"
     else:
         backend = "gloo"
+    # Until the config is read; then trainer.dist_timeout_s applies (set_collective_timeout).
     torch_dist.init_process_group(backend=backend, timeout=dt.timedelta(minutes=30))
     return info
+
+
+def set_collective_timeout(seconds: float, info: DistInfo) -> None:
+    """How long a collective waits for the other ranks (a stopped or hung rank) before it fails.
+
+    The group exists before the config is read (`shared_run_stamp`), so the timeout is set here.
+    """
+    if info.enabled:
+        set_timeout = getattr(torch_dist, "set_timeout", None)  # public from torch 2.14; private before
+        set_timeout = set_timeout or torch_dist.distributed_c10d._set_pg_timeout
+        set_timeout(dt.timedelta(seconds=seconds))
 
 
 def shared_run_stamp() -> str:
@@ -110,6 +122,15 @@ def all_reduce_sum(tensor: torch.Tensor, info: DistInfo) -> torch.Tensor:
     if info.enabled:
         torch_dist.all_reduce(tensor, op=torch_dist.ReduceOp.SUM)
     return tensor
+
+
+def all_reduce_max(value: float, info: DistInfo) -> float:
+    """The largest `value` of all ranks (a CPU collective)."""
+    if not info.enabled:
+        return value
+    tensor = torch.tensor([value], dtype=torch.float64)
+    torch_dist.all_reduce(tensor, op=torch_dist.ReduceOp.MAX)
+    return tensor.item()
 
 
 def barrier(info: DistInfo) -> None:

@@ -8,6 +8,7 @@ CUDA queue bounded by those syncs it is the time the GPU would have starved.
 from __future__ import annotations
 
 import contextlib
+import logging
 import signal
 import time
 from collections.abc import Callable, Iterable
@@ -17,8 +18,11 @@ from typing import Any
 import torch
 from timm.utils import accuracy
 
-from dali_train.distributed import DistInfo, all_reduce_sum
+from dali_train.distributed import DistInfo, all_reduce_max, all_reduce_sum
+from dali_train.divergence import Diverged, LossWatch
 from dali_train.logs import MetricsWriter, Progress
+
+log = logging.getLogger(__name__)
 
 
 class StopFlag:
@@ -67,6 +71,8 @@ class LoopControl:
     save_every: int = 0
     save: Callable[[int, int], None] = lambda epoch, next_step: None  # mid-epoch checkpoint
     stop: StopFlag = field(default_factory=StopFlag)
+    max_nonfinite_skips: int = 0  # 0: a NaN/inf loss stops the run (Diverged); N: skip up to N updates
+    skipped_updates: int = 0  # updates skipped for a NaN/inf loss so far in this job
 
 
 @dataclass
@@ -102,11 +108,27 @@ def _optimizer_step(p: TrainParts) -> None:
         p.ema.update(p.model, step=p.global_step)
 
 
+def _skip_update(p: TrainParts) -> None:
+    """An update whose loss was NaN/inf: the gradients are dropped, the schedule moves on (as
+    when the fp16 GradScaler skips one), so step counts and resume positions stay aligned."""
+    p.optimizer.zero_grad(set_to_none=True)
+    p.global_step += 1
+    p.scheduler.step_update(num_updates=p.global_step)
+
+
 def train_step(p: TrainParts, images: torch.Tensor, labels: torch.Tensor, *, update: bool) -> torch.Tensor:
     """Forward and backward of one micro-batch, then the optimizer step when `update`.
 
     Returns the (unscaled) loss tensor; nothing here waits for the GPU.
     """
+    loss = forward_backward(p, images, labels, update=update)
+    if update:
+        _optimizer_step(p)
+    return loss
+
+
+def forward_backward(p: TrainParts, images: torch.Tensor, labels: torch.Tensor, *, update: bool) -> torch.Tensor:
+    """Forward and backward of one micro-batch (gradients all-reduced when `update`); no sync."""
     targets = labels
     if p.mixup is not None:
         images, targets = p.mixup(images, labels)
@@ -118,18 +140,26 @@ def train_step(p: TrainParts, images: torch.Tensor, labels: torch.Tensor, *, upd
             loss = p.loss_fn(p.model(images), targets)
         scaled = loss / p.grad_accum_steps
         (p.scaler.scale(scaled) if p.scaler is not None else scaled).backward()
-    if update:
-        _optimizer_step(p)
     return loss
 
 
 def train_one_epoch(
     p: TrainParts, loader: Iterable, ctl: LoopControl, *, epoch: int, start_step: int = 0
 ) -> EpochStats:
+    """One epoch from `start_step`. Raises Diverged on a NaN/inf loss (found at the next log
+    interval or save, whichever comes first; with `max_nonfinite_skips`, at each update)."""
     p.model.train()
     total = len(loader) if ctl.max_steps is None else min(len(loader), ctl.max_steps)
     progress = Progress(total, f"epoch {epoch}", p.dist.is_main)
-    loss_sum = torch.zeros((), device=p.device)
+    losses = LossWatch(p.device)
+    skipping = ctl.max_nonfinite_skips > 0
+
+    def check_losses() -> None:  # host sync; a collective under DDP
+        diverged = losses.check(p.dist, epoch=epoch)
+        if diverged is not None:
+            progress.close()
+            raise diverged
+
     data_time = window_data = 0.0
     samples = window_samples = 0
     start = window_start = time.perf_counter()
@@ -140,19 +170,40 @@ def train_one_epoch(
         now = time.perf_counter()
         data_time, window_data = data_time + now - tick, window_data + now - tick
         update = step % p.grad_accum_steps == 0 or step == total
-        loss = train_step(p, images, labels, update=update)
-        loss_sum += loss.detach()
+        loss = forward_backward(p, images, labels, update=update)
+        losses.add(loss, step=start_step + step, update=p.global_step + 1, lr=p.optimizer.param_groups[0]["lr"])
+        if update and skipping:  # a host sync per update, the price of skipping instead of stopping
+            diverged = losses.check(p.dist, epoch=epoch)
+            if diverged is not None:
+                ctl.skipped_updates += 1
+                if ctl.skipped_updates > ctl.max_nonfinite_skips:
+                    progress.close()
+                    raise Diverged(
+                        f"{diverged} (after {ctl.max_nonfinite_skips} skipped updates = trainer.max_nonfinite_skips)",
+                        diverged.update,
+                    )
+                log.warning(
+                    "skipped update %d of %d allowed: %s", ctl.skipped_updates, ctl.max_nonfinite_skips, diverged
+                )
+                _skip_update(p)
+            else:
+                _optimizer_step(p)
+        elif update:
+            _optimizer_step(p)
         samples, window_samples = samples + labels.shape[0], window_samples + labels.shape[0]
         tick = time.perf_counter()
         last = step == total
         if step % ctl.log_every == 0 or last:
             # Host sync point: the loss value, the agreed stop flag, and the window timings.
+            if not skipping:
+                check_losses()
             elapsed = tick - window_start
             values = {
                 "train/loss": loss.item(),
                 "train/lr": p.optimizer.param_groups[0]["lr"],
                 "perf/img_per_s": window_samples * p.dist.world_size / max(elapsed, 1e-9),
-                "perf/data_wait_frac": window_data / max(elapsed, 1e-9),
+                # the slowest rank's wait: the one that holds the others back at the all-reduce
+                "perf/data_wait_frac": all_reduce_max(window_data / max(elapsed, 1e-9), p.dist),
             }
             if p.device.type == "cuda":
                 values["perf/gpu_mem_gib"] = torch.cuda.max_memory_allocated(p.device) / 2**30
@@ -172,15 +223,19 @@ def train_one_epoch(
         if interrupted or last:
             break
         if ctl.save_every and update and p.global_step % ctl.save_every == 0:
+            if not skipping:
+                check_losses()  # never write a checkpoint past a NaN/inf loss
             ctl.save(epoch, start_step + step)
+    if losses.pending and not skipping:  # interrupted between log intervals
+        check_losses()
     progress.close()
     elapsed = time.perf_counter() - start
-    stats = torch.tensor([loss_sum.item(), step], dtype=torch.float64)
+    stats = torch.stack([losses.sum, losses.count]).cpu()
     all_reduce_sum(stats, p.dist)
     return EpochStats(
-        loss=stats[0].item() / max(stats[1].item(), 1),
+        loss=stats[0].item() / max(stats[1].item(), 1),  # the mean of the finite losses
         img_per_s=samples * p.dist.world_size / max(elapsed, 1e-9),
-        data_wait_frac=data_time / max(elapsed, 1e-9),
+        data_wait_frac=all_reduce_max(data_time / max(elapsed, 1e-9), p.dist),
         steps=step,
         interrupted=interrupted,
     )

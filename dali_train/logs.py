@@ -44,6 +44,7 @@ class MetricsWriter:
 
     def __init__(self, run_dir: Path, enabled: bool) -> None:
         self.enabled, self.run_dir = enabled, run_dir
+        self.started = time.perf_counter()  # metrics.jsonl's wall_time_s: time to accuracy
         self._tb = None
         self._steps = None  # steps.jsonl, opened on first use
         if enabled:
@@ -102,6 +103,7 @@ class MetricsWriter:
                 "train_img_s": stats.img_per_s,
                 "data_wait_frac": stats.data_wait_frac,
                 "lr": lr,
+                "wall_time_s": time.perf_counter() - self.started,  # since this job started
             }
         )
         self.scalars(

@@ -1,0 +1,99 @@
+"""How a run ended: one state for summary.json and the last log line, an exit code, one line.
+
+| end_state | exit code |
+|---|---|
+| `completed` | 0 |
+| `stopped by signal` | 128 + signal number |
+| `diverged at step N` (N: the optimizer update, as in steps.jsonl) | 2 |
+| `disk full`, `bad file`, `out of memory`, `collective timed out`, `error` (any other UserError) | 2 |
+| `crashed` (a bug: the traceback is kept) | 1 |
+"""
+
+from __future__ import annotations
+
+import errno
+from dataclasses import dataclass
+
+import torch
+
+from dali_train.data import DatasetError
+from dali_train.divergence import Diverged
+from dali_train.errors import UserError
+
+EXIT_USER = 2  # one line on stderr starting with `error:`; also Hydra's composition errors
+
+
+@dataclass(frozen=True)
+class Ending:
+    state: str  # summary.json's end_state
+    exit_code: int
+    message: str = ""  # one line; empty when completed
+
+
+@dataclass(frozen=True)
+class RunShape:
+    """What an out-of-memory message names."""
+
+    model: str
+    batch_size: int  # per process
+    grad_accum_steps: int
+    device: torch.device | None  # None before it was chosen
+
+
+COMPLETED = Ending("completed", 0)
+
+
+def stopped_by_signal(signum: int, message: str) -> Ending:
+    return Ending("stopped by signal", 128 + signum, message)
+
+
+def _disk_full(e: BaseException) -> bool:
+    try:  # dali_train.checkpoint's class for a checkpoint that could not be written, where it exists
+        from dali_train.checkpoint import CheckpointWriteError
+    except ImportError:
+        CheckpointWriteError = ()  # noqa: N806 - an empty tuple matches nothing in isinstance
+    if isinstance(e, CheckpointWriteError):
+        return True
+    return isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
+
+
+def _collective_timeout(e: BaseException) -> bool:
+    text = str(e).lower()
+    return isinstance(e, RuntimeError) and ("timed out" in text or "timeout" in text)
+
+
+def oom_message(shape: RunShape, gpu_bytes: int | None) -> str:
+    memory = f"the GPU has {gpu_bytes / 2**30:.1f} GiB" if gpu_bytes else "no CUDA device reports its memory"
+    return (
+        f"CUDA out of memory: model {shape.model} with loader.batch_size={shape.batch_size} per GPU does not fit "
+        f"({memory}); lower loader.batch_size and raise trainer.grad_accum_steps (now {shape.grad_accum_steps}) "
+        f"to keep the global batch, keep trainer.channels_last=true and trainer.amp=bf16 or fp16"
+    )
+
+
+def ending_for(e: BaseException, shape: RunShape, dist_timeout_s: float, *, training: bool) -> Ending | None:
+    """The ending for an exception that stopped the run, or None for a bug (keep its traceback).
+    `training`: the loop had started (a DatasetError before it is about the folder, not a file)."""
+    if isinstance(e, Diverged):
+        return Ending(f"diverged at step {e.update}", EXIT_USER, str(e))
+    if _disk_full(e):
+        return Ending("disk full", EXIT_USER, str(e))
+    if isinstance(e, torch.cuda.OutOfMemoryError):
+        gpu = (
+            torch.cuda.get_device_properties(shape.device).total_memory
+            if shape.device and shape.device.type == "cuda"
+            else None
+        )
+        return Ending("out of memory", EXIT_USER, oom_message(shape, gpu))
+    if isinstance(e, DatasetError) and training:
+        return Ending("bad file", EXIT_USER, str(e))
+    if isinstance(e, UserError):
+        return Ending("error", EXIT_USER, str(e))
+    if _collective_timeout(e):
+        return Ending(
+            "collective timed out",
+            EXIT_USER,
+            f"waited trainer.dist_timeout_s={dist_timeout_s:g} s for the other ranks in a collective: one stopped, "
+            f"hung or died (see its log); raise trainer.dist_timeout_s if a rank legitimately takes that long",
+        )
+    return None

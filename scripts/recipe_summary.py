@@ -1,0 +1,61 @@
+#!/usr/bin/env python
+"""Seeds of a recipe → one markdown row: last-epoch top-1 per seed, mean ± std, val_samples, wall
+time, and time to accuracy marks (the first epoch whose val top-1 reached each, from metrics.jsonl).
+
+    python scripts/recipe_summary.py OUT/runs/imagenette_128_5ep_s0 OUT/runs/imagenette_128_5ep_s1 ...
+
+Run dirs are grouped by name with the trailing `_s<seed>` removed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import sys
+from pathlib import Path
+
+
+def time_to(rows: list[dict], mark: float) -> float | None:
+    return next((r["wall_time_s"] for r in rows if r["val_top1"] >= mark), None)
+
+
+def span(values: list[float | None]) -> str:
+    seen = [v for v in values if v is not None]
+    if len(seen) < len(values):
+        return "–" if not seen else f"{len(seen)}/{len(values)} runs"
+    return f"{min(seen):.0f}–{max(seen):.0f} s" if len(seen) > 1 else f"{seen[0]:.0f} s"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("runs", nargs="+", type=Path, help="run dirs (each with summary.json and metrics.jsonl)")
+    parser.add_argument("--marks", type=float, nargs="+", default=[80, 85, 90], help="top-1 marks, %%")
+    args = parser.parse_args(argv)
+    groups: dict[str, list[Path]] = {}
+    for run in args.runs:
+        groups.setdefault(re.sub(r"_s\d+$", "", run.name), []).append(run)
+    marks = " / ".join(f"{m:g}%" for m in args.marks)
+    print(f"| recipe | top-1 per seed | mean ± std | val_samples | wall time | to {marks} |")
+    print("|---|---|---:|---|---:|---:|")
+    for name, runs in groups.items():
+        missing = [str(r) for r in runs if not (r / "summary.json").is_file()]
+        if missing:
+            print(f"| {name} | no summary.json in {', '.join(missing)} | | | | |")
+            continue
+        summaries = [json.loads((r / "summary.json").read_text()) for r in runs]
+        rows = [[json.loads(line) for line in (r / "metrics.jsonl").read_text().splitlines()] for r in runs]
+        top1 = [s["val_top1"] for s in summaries]
+        std = statistics.stdev(top1) if len(top1) > 1 else 0.0
+        reached = " / ".join(span([time_to(r, m) for r in rows]) for m in args.marks)
+        print(
+            f"| {name} | {', '.join(f'{t:.2f}' for t in top1)} | {statistics.mean(top1):.2f} ± {std:.2f} "
+            f"| {sorted({s['val_samples'] for s in summaries})} | {span([s['wall_time_s'] for s in summaries])} "
+            f"| {reached} |"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

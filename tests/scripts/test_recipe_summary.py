@@ -1,0 +1,33 @@
+"""scripts/recipe_summary.py on real runs: seeds grouped, mean ± std, time to accuracy from metrics.jsonl."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import REPO, TINY, run_train
+
+
+@pytest.mark.slow
+def test_seeds_of_a_recipe_become_one_row_with_time_to_accuracy(small_root, tmp_path):
+    runs = [tmp_path / f"tiny_s{seed}" for seed in (0, 1)]
+    for seed, run in enumerate(runs):
+        run_train([*TINY, f"data.root={small_root}", "trainer.epochs=2", f"seed={seed}", f"hydra.run.dir={run}"])
+    rows = [[json.loads(line) for line in (r / "metrics.jsonl").read_text().splitlines()] for r in runs]
+    assert all(0 < a["wall_time_s"] < b["wall_time_s"] for a, b in rows)  # grows epoch by epoch
+    top1 = [r[-1]["val_top1"] for r in rows]
+    out = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "recipe_summary.py"), *map(str, runs), "--marks", "0", "101"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    row = out.splitlines()[-1]
+    assert row.startswith("| tiny | ") and f"{statistics.mean(top1):.2f} ± {statistics.stdev(top1):.2f}" in row
+    assert "[50]" in row  # val_samples of every seed
+    first_epoch = sorted(r[0]["wall_time_s"] for r in rows)
+    assert f"{first_epoch[0]:.0f}–{first_epoch[1]:.0f} s / –" in row  # 0% at epoch 0; 101% never

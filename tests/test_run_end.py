@@ -1,0 +1,208 @@
+"""How a run ends: divergence, out of memory, a bad file mid-run, a stopped rank, config errors.
+Each writes summary.json's end_state and exits with one line (subprocesses where the exit code,
+a signal or several processes are the subject; the engine in-process otherwise)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from dali_train.distributed import DistInfo
+from dali_train.divergence import Diverged
+from dali_train.engine import LoopControl, TrainParts, train_one_epoch
+from dali_train.logs import MetricsWriter
+from dali_train.optim import build_scheduler
+from tests.conftest import REPO, TINY, launch_env, read_json, run_train
+
+DIVERGING = ["model.name=test_resnet", "optimizer.lr=1e5", "trainer.epochs=2", "trainer.log_every_n_steps=2"]
+
+
+def error_lines(proc: subprocess.CompletedProcess) -> list[str]:
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    return [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+
+
+def test_a_nan_loss_stops_the_run_and_keeps_the_last_finite_checkpoint(small_root, tmp_path):
+    run = tmp_path / "run"
+    proc = run_train(
+        [*TINY, *DIVERGING, f"data.root={small_root}", "trainer.save_every_n_steps=2", f"hydra.run.dir={run}"],
+        check=False,
+    )
+    assert proc.returncode == 2, proc.stdout[-3000:]
+    [line] = error_lines(proc)
+    assert "the loss became NaN/inf at epoch 0 step" in line and "last finite loss" in line and " lr " in line
+    summary = read_json(run / "summary.json")
+    update = int(summary["end_state"].removeprefix("diverged at step "))
+    assert f"(update {update})" in line and summary["epochs_completed"] == 0
+    state = torch.load(run / "checkpoints" / "last.pt", map_location="cpu", weights_only=False)
+    assert 0 < state["global_step"] < update
+    assert all(torch.isfinite(t).all() for t in state["model"].values() if t.is_floating_point())
+    assert not (run / "checkpoints" / "best.pt").exists()
+
+
+def test_skipping_nonfinite_updates_is_bounded(small_root, tmp_path):
+    run = tmp_path / "run"
+    proc = run_train(
+        [*TINY, *DIVERGING, f"data.root={small_root}", "trainer.max_nonfinite_skips=2", f"hydra.run.dir={run}"],
+        check=False,
+    )
+    assert proc.returncode == 2, proc.stdout[-3000:]
+    assert "skipped update 1 of 2 allowed" in proc.stdout and "skipped update 2 of 2 allowed" in proc.stdout
+    [line] = error_lines(proc)
+    assert "after 2 skipped updates = trainer.max_nonfinite_skips" in line
+    assert read_json(run / "summary.json")["end_state"].startswith("diverged at step ")
+
+
+def _parts(model: torch.nn.Module, scaler: torch.amp.GradScaler | None = None) -> TrainParts:
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    from omegaconf import OmegaConf
+
+    sched_cfg = OmegaConf.create({"name": "cosine", "warmup_epochs": 0, "warmup_lr_init": 0, "min_lr": 0})
+    scheduler = build_scheduler(sched_cfg, optimizer, steps_per_epoch=8, epochs=1)
+    return TrainParts(
+        model, optimizer, scheduler, torch.nn.CrossEntropyLoss(), torch.device("cpu"), DistInfo(0, 0, 1), scaler=scaler
+    )
+
+
+def _batches(nan_at: int | None = None) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    gen = torch.Generator().manual_seed(0)
+    batches = [(torch.randn(4, 8, generator=gen), torch.randint(0, 3, (4,), generator=gen)) for _ in range(8)]
+    if nan_at is not None:
+        batches[nan_at][0][0, 0] = float("nan")
+    return batches
+
+
+@pytest.mark.parametrize("skips", [0, 1])
+def test_one_nan_batch_stops_or_is_skipped_in_process(tmp_path, skips):
+    model = torch.nn.Linear(8, 3)
+    parts = _parts(model)
+    ctl = LoopControl(MetricsWriter(tmp_path, False), log_every=4, max_nonfinite_skips=skips)
+    if skips == 0:
+        with pytest.raises(Diverged, match=r"at epoch 0 step 3 \(update 3\), lr [0-9.]+ at that step") as e:
+            train_one_epoch(parts, _batches(nan_at=2), ctl, epoch=0)
+        assert e.value.update == 3
+        return
+    stats = train_one_epoch(parts, _batches(nan_at=2), ctl, epoch=0)
+    assert ctl.skipped_updates == 1 and parts.global_step == 8  # the schedule still moved on
+    assert all(torch.isfinite(p).all() for p in model.parameters()) and torch.isfinite(torch.tensor(stats.loss))
+
+
+def test_fp16_grad_scaler_skips_are_not_divergence(tmp_path):
+    """Scaled gradients that overflow (the loss itself finite) make the GradScaler skip updates
+    and lower its scale: training goes on."""
+    model = torch.nn.Linear(8, 3)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**127, growth_interval=1000)
+    parts = _parts(model, scaler)
+    ctl = LoopControl(MetricsWriter(tmp_path, False), log_every=1)
+    batches = [(x * 1000, y) for x, y in _batches()]  # gradients ~1e3 x scale 1.7e38 overflow float32
+    train_one_epoch(parts, batches, ctl, epoch=0)
+    assert scaler.get_scale() < 2.0**127  # it did skip
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+def test_cuda_out_of_memory_is_one_line_with_the_keys_to_change(small_root, tmp_path):
+    run = tmp_path / "run"
+    cmd = [sys.executable, str(REPO / "tests" / "helpers" / "oom_train.py")]
+    args = [*TINY, f"data.root={small_root}", "model.name=test_out_of_memory_net", f"hydra.run.dir={run}"]
+    proc = subprocess.run(cmd + args, cwd=REPO, env=launch_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    [line] = error_lines(proc)
+    for text in ("test_out_of_memory_net", "loader.batch_size=16", "trainer.grad_accum_steps", "channels_last", "amp"):
+        assert text in line, line
+    assert read_json(run / "summary.json")["end_state"] == "out of memory"
+
+
+def test_a_bad_file_in_val_keeps_the_trained_epoch(small_root, tmp_path):
+    """A truncated JPEG that the startup check would have skipped reaches DALI's val pipeline."""
+    data = tmp_path / "data"
+    shutil.copytree(small_root, data)
+    good = next(data.glob("val/*/*.JPEG")).read_bytes()
+    bad = data / "val" / "n00000009" / "zz_truncated.JPEG"  # sorts last: not in the first val batch
+    bad.write_bytes(good[: len(good) // 3])
+    run = tmp_path / "run"
+    args = [*TINY, f"data.root={data}", "trainer.epochs=2", "data.verify_files=false", f"hydra.run.dir={run}"]
+    proc = run_train(args, check=False)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    [line] = error_lines(proc)
+    assert str(bad) in line
+    assert read_json(run / "summary.json")["end_state"] == "bad file"
+    state = torch.load(run / "checkpoints" / "last.pt", map_location="cpu", weights_only=False)
+    assert (state["next_epoch"], state["next_step"], state["global_step"]) == (1, 0, 8)
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["data=imagenet"], "data.root: no value"),
+        (["loader.batchsize=3"], "batchsize"),
+        (["trainer.max_nonfinite_skips=many"], "max_nonfinite_skips"),
+    ],
+)
+def test_config_errors_exit_2_without_a_traceback(tmp_path, args, message):
+    proc = run_train([*TINY, *args, f"hydra.run.dir={tmp_path / 'run'}"], check=False, timeout=180)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr and message in proc.stderr
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_stopped_rank_ends_the_other_after_dist_timeout_s(small_root, tmp_path):
+    """Two real gloo processes; rank 1 gets SIGSTOP mid-epoch; rank 0 gives up after the timeout."""
+    run = tmp_path / "run"
+    args = [*TINY, f"data.root={small_root}", "trainer.epochs=50", "trainer.log_every_n_steps=1"]
+    args += ["loader.batch_size=4", "trainer.dist_timeout_s=4", f"hydra.run.dir={run}"]
+    env = {**launch_env(), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "WORLD_SIZE": "2"}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(REPO / "train.py"), *args],
+            cwd=REPO,
+            env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in (0, 1)
+    ]
+    try:
+        lines = []
+        for line in procs[0].stdout:
+            lines.append(line)
+            if "epoch 0 3/" in line:
+                break
+        os.kill(procs[1].pid, signal.SIGSTOP)
+        stopped = time.monotonic()
+        out, err = procs[0].communicate(timeout=120)
+        waited = time.monotonic() - stopped
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.communicate()
+    assert procs[0].returncode == 2, "".join(lines)[-2000:] + out[-2000:] + err[-3000:]
+    [line] = [line for line in err.splitlines() if line.startswith("error:")]
+    assert "trainer.dist_timeout_s=4" in line and waited < 60
+    assert read_json(run / "summary.json")["end_state"] == "collective timed out"
+
+
+def test_a_write_that_hits_a_full_disk_ends_as_disk_full():
+    """The mapping only: writing the checkpoint (and removing its temp file) is checkpoint.py's."""
+    import errno
+
+    from dali_train.ending import RunShape, ending_for
+
+    shape = RunShape("resnet18", 256, 1, torch.device("cpu"))
+    full = OSError(errno.ENOSPC, "No space left on device", "/run/checkpoints/.last.pt.tmp-1")
+    assert ending_for(full, shape, 1800, training=True).state == "disk full"
+    assert ending_for(ValueError("a bug"), shape, 1800, training=True) is None  # keeps its traceback
