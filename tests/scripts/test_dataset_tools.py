@@ -13,7 +13,7 @@ from PIL import Image
 
 from dali_train.data.folder import scan_dataset
 from dali_train.data.sample import synthetic_image
-from tests.conftest import REPO  # noqa: F401 - sample_root comes from conftest
+from tests.conftest import REPO, launch_env
 from tests.data.damage import damage_scan_data
 from tests.data.test_folder import bad_tree, make_tree  # noqa: F401 - fixture reused
 from tests.data.test_loaders import SMALL, loaders
@@ -203,3 +203,27 @@ def test_benchmark_cpu_smoke(sample_root, tmp_path):
     ]
     assert all(r["img_s"] > 0 and 0 <= r["data_wait_frac"] <= 1 for r in rows)
     assert "e2e dali_cpu ÷ model-only" in proc.stdout and (out / "results.md").is_file()
+
+
+def test_split_holdout_takes_a_seeded_share_of_each_class_and_never_val(sample_root, tmp_path):
+    dst = tmp_path / "holdout"
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "split_holdout.py"), str(sample_root), str(dst), "--fraction", "0.25"],
+        capture_output=True,
+        text=True,
+        env=launch_env(),
+    )
+    assert proc.returncode == 0, proc.stderr
+    train = {p.name: p.resolve() for p in dst.glob("train/*/*")}
+    held = {p.name: p.resolve() for p in dst.glob("val/*/*")}
+    assert len(train) == 300 and len(held) == 100 and not set(train) & set(held)  # 40 per class: 30 + 10
+    assert all(p.parent.parent == (sample_root / "train").resolve() for p in [*train.values(), *held.values()])
+    for cls in (sample_root / "train").iterdir():
+        assert len(list((dst / "val" / cls.name).iterdir())) == 10
+    again = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "split_holdout.py"), str(sample_root), str(dst)],
+        capture_output=True,
+        text=True,
+        env=launch_env(),
+    )
+    assert again.returncode != 0 and again.stderr.strip().startswith(f"error: {dst}: exists")
