@@ -31,16 +31,25 @@ from dali_train.distributed import barrier, init_distributed, shared_run_stamp, 
 from dali_train.engine import LoopControl, StopFlag, evaluate, train_one_epoch
 from dali_train.errors import UserError
 from dali_train.logs import MetricsWriter, input_bound_verdict, setup_logging
-from dali_train.runtime import amp_dtype_for, build_train_parts, check_options, configure_backends, select_device
+from dali_train.runtime import (
+    amp_dtype_for,
+    build_train_parts,
+    check_options,
+    configure_backends,
+    select_device,
+    set_cuda_max_connections,
+)
 
 log = logging.getLogger("dali_train")
 
 
 def run(cfg: DictConfig) -> float:
+    cuda_queues = set_cuda_max_connections(cfg.trainer.cuda_max_connections)  # before anything starts CUDA
     dist = init_distributed()
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     setup_logging(dist, run_dir)
     log.info("config:\n%s", OmegaConf.to_yaml(cfg))
+    log.info("CUDA_DEVICE_MAX_CONNECTIONS=%s", cuda_queues or "unset (CUDA's default, 8)")
     check_options(cfg)
     tc = cfg.trainer
     device = select_device(tc.device, dist)
