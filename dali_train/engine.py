@@ -116,7 +116,7 @@ def train_step(p: TrainParts, images: torch.Tensor, labels: torch.Tensor, *, upd
     with sync:
         with _autocast(p):
             loss = p.loss_fn(p.model(images), targets)
-        scaled = loss / p.grad_accum_steps
+        scaled = loss / p.grad_accum_steps if p.grad_accum_steps > 1 else loss  # no divide-by-1 kernel pair
         (p.scaler.scale(scaled) if p.scaler is not None else scaled).backward()
     if update:
         _optimizer_step(p)
