@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -32,7 +33,11 @@ SCRIPTS = [
 
 def script(name: str, *args, check: bool = True) -> subprocess.CompletedProcess:
     proc = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / name), *map(str, args)], capture_output=True, text=True, timeout=300
+        [sys.executable, str(REPO / "scripts" / name), *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(REPO)},  # this checkout's package, installed or not
     )
     if check and proc.returncode:
         raise AssertionError(proc.stdout + proc.stderr)
