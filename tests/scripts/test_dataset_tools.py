@@ -169,3 +169,28 @@ def test_benchmark_cpu_smoke(sample_root, tmp_path):
     ]
     assert all(r["img_s"] > 0 and 0 <= r["data_wait_frac"] <= 1 for r in rows)
     assert "e2e dali_cpu ÷ model-only" in proc.stdout and (out / "results.md").is_file()
+
+
+def test_make_synthetic_imagenet_links_make_long_epochs(tmp_path):
+    out = tmp_path / "farm"
+    proc = script("make_synthetic_imagenet.py", "--out", out, "--classes", 2, "--train-per-class", 3,
+                  "--val-per-class", 1, "--width", 64, "--height", 48, "--links", 4, "--workers", 1)  # fmt: skip
+    assert "train: 24 entries (4 per JPEG)" in proc.stdout
+    ds = scan_dataset(str(out), verify=True)  # symlinks pass the pre-flight check like files
+    assert len(ds.train) == 24 and len(ds.val) == 2
+    links = [Path(f) for f in ds.train.files if Path(f).is_symlink()]
+    assert len(links) == 18 and all(not os.readlink(f).startswith("/") for f in links)  # relative: the farm moves
+    assert {Path(f).resolve().name for f in ds.train.files} == {f.name for f in out.glob("train/*/*.JPEG") if not f.is_symlink()}
+    assert script("make_synthetic_imagenet.py", "--out", tmp_path / "x", "--links", 0, check=False).returncode != 0
+
+
+def test_measure_startup_on_a_small_link_farm(tmp_path):
+    out = tmp_path / "startup.json"
+    proc = script("measure_startup.py", "--root", tmp_path / "farm", "--entries", 200, "--classes", 10,
+                  "--jpegs-per-class", 2, "--workers", 1, "--json", out,
+                  "--", "trainer.device=cpu", "loader.batch_size=16", "loader.num_threads=1")  # fmt: skip
+    result = json.loads(out.read_text())
+    assert result["train_entries"] == 200 and result["val_entries"] == 500 and result["bad_files"] == 0
+    for phase in ("listing", "preflight_check", "first_batch", "epoch_switch"):
+        assert result[f"{phase}_s"] > 0 and result[f"{phase}_peak_rss_gib"] > 0.1
+    assert "200 train + 500 val entries: startup" in proc.stdout
