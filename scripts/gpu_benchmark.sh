@@ -33,7 +33,7 @@ if [ "${SMOKE:-0}" = 1 ]; then
   FARM_OVERRIDES="trainer.device=cpu loader.batch_size=16"
   DATA=/tmp/gpu-benchmark-smoke-x$LINKS RUNS=/tmp/gpu-benchmark-smoke-runs WINDOWS="--steps 2 --warmup 1 --repeats 2"
   COMMON="data=imagenet data.root=$DATA loader.batch_size=8 trainer.device=cpu data.train_size=32 data.val_resize=36 \
-data.val_size=32 loader.num_threads=1 trainer.max_val_steps=2"
+data.val_size=32 loader.num_threads=1 trainer.max_val_steps=2 trainer.max_steps_per_epoch=3"
   nvidia-smi() { echo "SMOKE=1: CPU"; }
 fi
 step() { echo "=== $* ($(date +%T), $SECONDS s)"; }
