@@ -47,6 +47,7 @@ from dali_train.runtime import (
     check_options,
     configure_backends,
     select_device,
+    set_cuda_max_connections,
     updates_per_epoch,
 )
 
@@ -64,10 +65,12 @@ class RunEnded(Exception):
 def run(cfg: DictConfig) -> float:
     """Train (or evaluate) per `cfg`; returns the best val top-1. Every ending, failures included,
     is written to summary.json's `end_state`; one that is not `completed` raises RunEnded."""
+    cuda_queues = set_cuda_max_connections(cfg.trainer.cuda_max_connections)  # before anything starts CUDA
     dist = init_distributed()
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     setup_logging(dist, run_dir)
     log.info("config:\n%s", OmegaConf.to_yaml(cfg))
+    log.info("CUDA_DEVICE_MAX_CONNECTIONS=%s", cuda_queues or "unset (CUDA's default, 8)")
     writer = MetricsWriter(run_dir, dist.is_main)
     summary: dict = {"world_size": dist.world_size, "loader": cfg.loader.name, "model": cfg.model.name}
     started = time.perf_counter()

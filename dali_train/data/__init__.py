@@ -68,9 +68,10 @@ def prepare_sample_data(root: str, dist: DistInfo) -> None:
 
 def build_loaders(cfg, dist: DistInfo, device: torch.device, *, half: bool) -> Loaders:
     """Train and val loaders for `cfg.loader.name` on `device` (cfg: the whole run config)."""
-    from dali_train.data.dali import DaliLoader, DaliSettings, Placement, Transform
+    from dali_train.data.dali import DaliLoader, DaliSettings, Placement
     from dali_train.data.pytorch import TorchLoader
     from dali_train.data.synthetic import SyntheticLoader
+    from dali_train.data.transform import Transform
 
     data, lc = cfg.data, cfg.loader
     if lc.name not in LOADER_NAMES:

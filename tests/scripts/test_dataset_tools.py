@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -34,7 +35,11 @@ SCRIPTS = [
 
 def script(name: str, *args, check: bool = True) -> subprocess.CompletedProcess:
     proc = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / name), *map(str, args)], capture_output=True, text=True, timeout=300
+        [sys.executable, str(REPO / "scripts" / name), *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(REPO)},  # this checkout's package, installed or not
     )
     if check and proc.returncode:
         raise AssertionError(proc.stdout + proc.stderr)
@@ -227,3 +232,28 @@ def test_split_holdout_takes_a_seeded_share_of_each_class_and_never_val(sample_r
         env=launch_env(),
     )
     assert again.returncode != 0 and again.stderr.strip().startswith(f"error: {dst}: exists")
+
+
+def test_make_synthetic_imagenet_links_make_long_epochs(tmp_path):
+    out = tmp_path / "farm"
+    proc = script("make_synthetic_imagenet.py", "--out", out, "--classes", 2, "--train-per-class", 3,
+                  "--val-per-class", 1, "--width", 64, "--height", 48, "--links", 4, "--workers", 1)  # fmt: skip
+    assert "train: 24 entries (4 per JPEG)" in proc.stdout
+    ds = scan_dataset(str(out), verify=True)  # symlinks pass the pre-flight check like files
+    assert len(ds.train) == 24 and len(ds.val) == 2
+    links = [Path(f) for f in ds.train.files if Path(f).is_symlink()]
+    assert len(links) == 18 and all(not os.readlink(f).startswith("/") for f in links)  # relative: the farm moves
+    assert {Path(f).resolve().name for f in ds.train.files} == {f.name for f in out.glob("train/*/*.JPEG") if not f.is_symlink()}
+    assert script("make_synthetic_imagenet.py", "--out", tmp_path / "x", "--links", 0, check=False).returncode != 0
+
+
+def test_measure_startup_on_a_small_link_farm(tmp_path):
+    out = tmp_path / "startup.json"
+    proc = script("measure_startup.py", "--root", tmp_path / "farm", "--entries", 200, "--classes", 10,
+                  "--jpegs-per-class", 2, "--workers", 1, "--json", out,
+                  "--", "trainer.device=cpu", "loader.batch_size=16", "loader.num_threads=1")  # fmt: skip
+    result = json.loads(out.read_text())
+    assert result["train_entries"] == 200 and result["val_entries"] == 500 and result["bad_files"] == 0
+    for phase in ("listing", "preflight_check", "first_batch", "epoch_switch"):
+        assert result[f"{phase}_s"] > 0 and result[f"{phase}_peak_rss_gib"] > 0.1
+    assert "200 train + 500 val entries: startup" in proc.stdout
