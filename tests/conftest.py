@@ -1,16 +1,32 @@
-"""Shared fixtures: real JPEG folders on disk and a helper that runs train.py as users do."""
+"""Shared fixtures: real JPEG folders on disk; train.run(cfg) in-process on the composed config
+(`run_inprocess`), and train.py as users run it (`run_train`) where the exit code, a signal,
+stderr or torchrun is the subject."""
 
 from __future__ import annotations
 
+import copy
+import gc
 import json
+import logging
 import os
+import signal
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, open_dict, read_write
 
+import train
+from dali_train.config import register_configs
 from dali_train.data.sample import make_image_folder
+from dali_train.ending import EXIT_USER
+from dali_train.errors import UserError
 
 REPO = Path(__file__).resolve().parents[1]
 IMAGENETTE_MINI = REPO.parent / "shared" / "data" / "imagenette-mini"
@@ -94,3 +110,78 @@ def run_train(
 
 def read_json(path: Path) -> dict:
     return json.loads(path.read_text())
+
+
+@dataclass
+class InProcessRun:
+    """What an in-process run left: its summary.json, the log lines it wrote, and how it ended."""
+
+    summary: dict
+    log: str  # the train.log lines of this run (the console shows the same on rank 0)
+    ended: BaseException | None  # RunEnded or UserError (main's exit 2 and one line); None: completed
+
+
+def compose_run_config(overrides: list[str], run_dir: Path) -> DictConfig:
+    """conf/ composed as `python train.py OVERRIDES hydra.run.dir=RUN_DIR` would, Hydra's node included."""
+    register_configs()
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=[*overrides, f"hydra.run.dir={run_dir}"], return_hydra_config=True)
+    GlobalHydra.instance().clear()
+    return cfg
+
+
+def run_inprocess(overrides: list[str], run_dir: Path, *, check: bool = True) -> InProcessRun:
+    """train.run(cfg) in this process, set up as Hydra's run_job does for `python train.py`: the
+    run dir as hydra.runtime.output_dir, HydraConfig set, the `hydra` node stripped. Saves the
+    ~5 s of imports a subprocess pays. What a run changes in the process (root logging handlers,
+    SIGTERM/SIGINT handlers, deterministic algorithms, environment variables) is restored after it.
+
+    A RunEnded or UserError (what main turns into exit code 2 or 128+signal and one `error:` line)
+    is returned in `ended`, or raised as an AssertionError when `check`."""
+    cfg = compose_run_config(overrides, run_dir)
+    with read_write(cfg.hydra.runtime), open_dict(cfg.hydra.runtime):
+        cfg.hydra.runtime.output_dir = str(run_dir.resolve())
+    task_cfg = copy.deepcopy(cfg)
+    with read_write(task_cfg), open_dict(task_cfg):
+        del task_cfg["hydra"]
+    log_file = run_dir / "train.log"
+    log_start = log_file.stat().st_size if log_file.is_file() else 0
+    root = logging.getLogger()
+    saved_handlers, saved_level = list(root.handlers), root.level
+    saved_signals = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    saved_env = dict(os.environ)
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    ended = None
+    HydraConfig.instance().set_config(cfg)
+    try:
+        train.run(task_cfg)
+    except (train.RunEnded, UserError) as e:
+        ended = e
+    finally:
+        HydraConfig.instance().cfg = None
+        for h in list(root.handlers):  # the run's console and train.log handlers
+            root.removeHandler(h)
+            if h not in saved_handlers:
+                h.close()
+        for h in saved_handlers:
+            root.addHandler(h)
+        root.setLevel(saved_level)
+        for s, handler in saved_signals.items():
+            signal.signal(s, handler)
+        os.environ.clear()
+        os.environ.update(saved_env)
+        torch.use_deterministic_algorithms(deterministic)
+        gc.collect()  # DALI pipelines and their threads go now, not during the next run
+    text = log_file.read_text()[log_start:] if log_file.is_file() else ""
+    if check and ended is not None:
+        raise AssertionError(f"the run ended with {type(ended).__name__}: {ended}\n{text[-4000:]}")
+    summary_file = run_dir / "summary.json"
+    return InProcessRun(read_json(summary_file) if summary_file.is_file() else {}, text, ended)
+
+
+def exit_code(ended: BaseException | None) -> int:
+    """The exit code train.py's main gives this ending (UserError: 2; RunEnded: its ending's)."""
+    if ended is None:
+        return 0
+    return ended.ending.exit_code if isinstance(ended, train.RunEnded) else EXIT_USER
