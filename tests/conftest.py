@@ -42,6 +42,10 @@ LAUNCHER_VARS = {
     "DALI_TRAIN_RUN_STAMP",
 }
 
+# One intra-op thread in this process too, as launch_env gives children: the tensors are tiny, and
+# on 2 shared cores two spinning OpenMP threads made an in-process epoch 5-8x slower.
+torch.set_num_threads(1)
+
 # Small and fast on 2 CPU cores: 32 px crops of the 80 px sample images.
 TINY = [
     "trainer.device=cpu",

@@ -1,4 +1,5 @@
-"""train.py end to end, as users run it: subprocesses, real DALI CPU pipelines, torchrun + gloo."""
+"""train.py end to end on real DALI CPU pipelines: `run(cfg)` in-process for training behavior;
+`python train.py` and torchrun + gloo subprocesses where the CLI, exit codes or signals are the subject."""
 
 from __future__ import annotations
 
@@ -8,19 +9,27 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
 
-from tests.conftest import REPO, TINY, launch_env, read_json, run_train
+from tests.conftest import REPO, TINY, exit_code, launch_env, read_json, run_inprocess, run_train
 
 SUMMARY_KEYS = {"val_top1", "val_top5", "best_val_top1", "val_samples", "epochs", "world_size", "train_img_s"}
 EPOCH_KEYS = {"epoch", "train_loss", "val_loss", "val_top1", "val_top5", "train_img_s", "lr"}
 
 
-def test_one_epoch_one_process_writes_every_output(sample_root, tmp_path):
-    run = tmp_path / "run"
+@pytest.fixture(scope="module")
+def one_epoch(sample_root, tmp_path_factory) -> Path:
+    """`python train.py` for one epoch on the sample set: the run dir (shared by the tests below)."""
+    run = tmp_path_factory.mktemp("one_epoch") / "run"
     run_train([*TINY, f"data.root={sample_root}", "trainer.epochs=1", f"hydra.run.dir={run}"])
+    return run
+
+
+def test_one_epoch_one_process_writes_every_output(one_epoch):
+    run = one_epoch
     summary = read_json(run / "summary.json")
     assert SUMMARY_KEYS <= set(summary)
     assert summary["val_samples"] == 100 and summary["world_size"] == 1 and summary["epochs"] == 1
@@ -57,17 +66,12 @@ def test_two_processes_share_one_run_dir_and_count_val_exactly(small_root, tmp_p
 
 def test_resume_continues_at_the_next_epoch(small_root, tmp_path):
     first, second = tmp_path / "a", tmp_path / "b"
-    run_train([*TINY, f"data.root={small_root}", "trainer.epochs=1", f"hydra.run.dir={first}"])
-    proc = run_train(
-        [
-            *TINY,
-            f"data.root={small_root}",
-            "trainer.epochs=2",
-            f"hydra.run.dir={second}",
-            f"trainer.resume={first / 'checkpoints' / 'last.pt'}",
-        ]
+    run_inprocess([*TINY, f"data.root={small_root}", "trainer.epochs=1"], first)
+    resumed = run_inprocess(
+        [*TINY, f"data.root={small_root}", "trainer.epochs=2", f"trainer.resume={first / 'checkpoints' / 'last.pt'}"],
+        second,
     )
-    assert "resumed from" in proc.stdout and "at epoch 1" in proc.stdout
+    assert "resumed from" in resumed.log and "at epoch 1" in resumed.log
     records = [json.loads(line) for line in (second / "metrics.jsonl").read_text().splitlines()]
     assert [r["epoch"] for r in records] == [1]
 
@@ -76,16 +80,30 @@ def test_resume_continues_at_the_next_epoch(small_root, tmp_path):
 def test_resume_equals_an_uninterrupted_run(small_root, tmp_path):
     common = [*TINY, f"data.root={small_root}", "trainer.deterministic=true", "loader.batch_size=8"]
     straight, half, rest = tmp_path / "straight", tmp_path / "half", tmp_path / "rest"
-    run_train([*common, "trainer.epochs=2", f"hydra.run.dir={straight}"])
-    run_train([*common, "trainer.epochs=2", "trainer.epochs_per_job=1", f"hydra.run.dir={half}"])
-    run_train(
-        [*common, "trainer.epochs=2", f"hydra.run.dir={rest}", f"trainer.resume={half / 'checkpoints' / 'last.pt'}"]
-    )
+    run_inprocess([*common, "trainer.epochs=2"], straight)
+    run_inprocess([*common, "trainer.epochs=2", "trainer.epochs_per_job=1"], half)
+    run_inprocess([*common, "trainer.epochs=2", f"trainer.resume={half / 'checkpoints' / 'last.pt'}"], rest)
     a = torch.load(straight / "checkpoints" / "last.pt", map_location="cpu", weights_only=True)
     b = torch.load(rest / "checkpoints" / "last.pt", map_location="cpu", weights_only=True)
     assert a["global_step"] == b["global_step"]
     for k, v in a["model"].items():
         torch.testing.assert_close(b["model"][k], v, rtol=0, atol=1e-6, msg=f"{k} differs after resume")
+
+
+@pytest.fixture
+def bad_roots(sample_root, tmp_path) -> dict[str, Path]:
+    """Folders that are no dataset: empty, without val/, with an empty class folder."""
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "nosplit" / "train" / "a").mkdir(parents=True)
+    (tmp_path / "nosplit" / "train" / "a" / "x.JPEG").write_bytes(next(sample_root.glob("train/*/*.JPEG")).read_bytes())
+    (tmp_path / "emptyclass" / "train" / "a").mkdir(parents=True)
+    (tmp_path / "emptyclass" / "val" / "a").mkdir(parents=True)
+    return {
+        "empty": tmp_path / "empty",
+        "nosplit": tmp_path / "nosplit",
+        "emptyclass": tmp_path / "emptyclass",
+        "sample": sample_root,
+    }
 
 
 @pytest.mark.parametrize(
@@ -103,23 +121,24 @@ def test_resume_equals_an_uninterrupted_run(small_root, tmp_path):
         (["trainer.amp=fp8", "data.root={sample}"], "trainer.amp=fp8: unknown; choose one of"),
     ],
 )
-def test_user_errors_are_one_line_with_exit_code_2(sample_root, tmp_path, args, message):
-    (tmp_path / "empty").mkdir()
-    (tmp_path / "nosplit" / "train" / "a").mkdir(parents=True)
-    (tmp_path / "nosplit" / "train" / "a" / "x.JPEG").write_bytes(next(sample_root.glob("train/*/*.JPEG")).read_bytes())
-    (tmp_path / "emptyclass" / "train" / "a").mkdir(parents=True)
-    (tmp_path / "emptyclass" / "val" / "a").mkdir(parents=True)
-    paths = {
-        "empty": tmp_path / "empty",
-        "nosplit": tmp_path / "nosplit",
-        "emptyclass": tmp_path / "emptyclass",
-        "sample": sample_root,
-    }
-    args = [a.format(**paths) for a in args]
-    proc = run_train([*TINY, *args, f"hydra.run.dir={tmp_path / 'run'}"], check=False, timeout=180)
+def test_user_errors_are_one_line_with_exit_code_2(bad_roots, tmp_path, args, message):
+    """In-process: the exception main turns into exit code 2 and `error: <its text>` (the next test
+    runs that path as a subprocess)."""
+    args = [a.format(**bad_roots) for a in args]
+    ended = run_inprocess([*TINY, *args], tmp_path / "run", check=False)
+    assert exit_code(ended.ended) == 2, ended.log[-2000:]
+    assert "Traceback" not in ended.log
+    assert "\n" not in str(ended.ended) and message in str(ended.ended), str(ended.ended)
+
+
+def test_a_user_error_is_one_stderr_line_and_exit_code_2(tmp_path):
+    """`python train.py` with a bad data.root: main prints the one line and exits 2."""
+    args = ["data=imagenet", "data.root=/nonexistent/imagenet", f"hydra.run.dir={tmp_path / 'run'}"]
+    proc = run_train([*TINY, *args], check=False, timeout=180)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr and "Traceback" not in proc.stdout
     error_lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    message = "data.root=/nonexistent/imagenet: no such folder"
     assert len(error_lines) == 1 and message in error_lines[0], proc.stderr[-2000:]
 
 
@@ -150,21 +169,18 @@ def test_sigterm_finishes_the_step_saves_last_pt_and_exits(sample_root, tmp_path
     assert "stopped by signal" in text
     state = torch.load(run / "checkpoints" / "last.pt", map_location="cpu", weights_only=True)
     assert state["next_epoch"] == 0 and state["next_step"] >= 3  # mid-epoch: resume skips trained batches
-    resumed = run_train(
-        [*TINY, f"data.root={sample_root}", "trainer.epochs=1", f"hydra.run.dir={run}", "trainer.resume=auto"]
-    )
-    assert f"at epoch 0 step {state['next_step']}" in resumed.stdout
+    resumed = run_inprocess([*TINY, f"data.root={sample_root}", "trainer.epochs=1", "trainer.resume=auto"], run)
+    assert f"at epoch 0 step {state['next_step']}" in resumed.log
 
 
 @pytest.mark.slow
 def test_ema_mixup_cutmix_label_smoothing_grad_accum(sample_root, tmp_path):
     run = tmp_path / "run"
-    run_train(
+    run_inprocess(
         [
             *TINY,
             f"data.root={sample_root}",
             "trainer.epochs=1",
-            f"hydra.run.dir={run}",
             "trainer.ema=true",
             "trainer.ema_decay=0.9",
             "trainer.mixup_alpha=0.2",
@@ -174,7 +190,8 @@ def test_ema_mixup_cutmix_label_smoothing_grad_accum(sample_root, tmp_path):
             "trainer.clip_grad_norm=5.0",
             "optimizer=adamw",
             "optimizer.lr=1e-3",
-        ]
+        ],
+        run,
     )
     summary = read_json(run / "summary.json")
     assert summary["val_samples"] == 100 and summary["global_batch"] == 32
@@ -183,33 +200,23 @@ def test_ema_mixup_cutmix_label_smoothing_grad_accum(sample_root, tmp_path):
     assert any(not torch.equal(state["model_ema"][k], state["model"][k]) for k in state["model"] if k.endswith("weight"))
 
 
-def test_eval_only_and_a_checkpoint_of_another_model(sample_root, tmp_path):
-    run = tmp_path / "run"
-    run_train([*TINY, f"data.root={sample_root}", "trainer.epochs=1", f"hydra.run.dir={run}"])
+def test_eval_only_and_a_checkpoint_of_another_model(sample_root, one_epoch, tmp_path):
+    run = one_epoch
     last = run / "checkpoints" / "last.pt"
     ev = tmp_path / "eval"
-    run_train(
-        [*TINY, f"data.root={sample_root}", "trainer.eval_only=true", f"trainer.resume={last}", f"hydra.run.dir={ev}"]
-    )
+    run_inprocess([*TINY, f"data.root={sample_root}", "trainer.eval_only=true", f"trainer.resume={last}"], ev)
     assert read_json(ev / "summary.json")["val_top1"] == read_json(run / "summary.json")["val_top1"]
-    proc = run_train(
-        [
-            *TINY,
-            f"data.root={sample_root}",
-            "model=resnet50",
-            f"trainer.resume={last}",
-            f"hydra.run.dir={tmp_path / 'other'}",
-        ],
-        check=False,
+    other = run_inprocess(
+        [*TINY, f"data.root={sample_root}", "model=resnet50", f"trainer.resume={last}"], tmp_path / "other", check=False
     )
-    assert proc.returncode == 2 and "checkpoint is of model resnet18, this run builds resnet50" in proc.stderr
+    assert exit_code(other.ended) == 2 and "checkpoint is of model resnet18, this run builds resnet50" in str(other.ended)
 
 
+@pytest.mark.slow
 def test_demo_learns_the_sample_set(sample_root, tmp_path):
     """The sample set's class signal is learnable: well above the 10% of chance in 3 short epochs."""
-    run = tmp_path / "run"
-    run_train(["trainer.device=cpu", f"data.root={sample_root}", "trainer.epochs=3", f"hydra.run.dir={run}"])
-    assert read_json(run / "summary.json")["best_val_top1"] > 50.0
+    demo = run_inprocess(["trainer.device=cpu", f"data.root={sample_root}", "trainer.epochs=3"], tmp_path / "run")
+    assert demo.summary["best_val_top1"] > 50.0
 
 
 def test_an_undecodable_file_mid_epoch_saves_progress_and_names_the_file(small_root, tmp_path):
@@ -222,15 +229,15 @@ def test_an_undecodable_file_mid_epoch_saves_progress_and_names_the_file(small_r
     bad = data / "train" / "n00000004" / "broken.JPEG"
     bad.write_bytes(good[:20] + bytes(180) + good[200:])
     run = tmp_path / "run"
-    args = [*TINY, f"data.root={data}", "trainer.epochs=1", "loader.batch_size=8", f"hydra.run.dir={run}"]
-    proc = run_train([*args, "data.verify_files=false"], check=False)
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
-    error = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
-    assert len(error) == 1 and str(bad) in error[0] and "data.exclude_list" in error[0]
+    args = [*TINY, f"data.root={data}", "trainer.epochs=1", "loader.batch_size=8", "data.verify_files=false"]
+    stopped = run_inprocess(args, run, check=False)
+    assert exit_code(stopped.ended) == 2 and "Traceback" not in stopped.log, stopped.log[-3000:]
+    error = str(stopped.ended)
+    assert "\n" not in error and str(bad) in error and "data.exclude_list" in error
     state = torch.load(run / "checkpoints" / "last.pt", map_location="cpu", weights_only=True)
     assert state["next_epoch"] == 0
     exclude = tmp_path / "exclude.txt"
     exclude.write_text("train/n00000004/broken.JPEG\n")
-    resumed = run_train([*args, "data.verify_files=false", f"data.exclude_list={exclude}", "trainer.resume=auto"])
-    assert f"at epoch 0 step {state['next_step']}" in resumed.stdout
+    resumed = run_inprocess([*args, f"data.exclude_list={exclude}", "trainer.resume=auto"], run)
+    assert f"at epoch 0 step {state['next_step']}" in resumed.log
     assert read_json(run / "summary.json")["val_samples"] == 50
