@@ -1,5 +1,5 @@
-"""Resume, checkpoint safety and write order end to end: train.py subprocesses, real signals, a
-size-limited file system."""
+"""Resume, checkpoint safety and write order end to end: run(cfg) in-process; train.py subprocesses
+where a real signal or a size-limited file system is the subject."""
 
 from __future__ import annotations
 
@@ -18,14 +18,14 @@ import pytest
 import torch
 
 from dali_train.optim import build_scheduler
-from tests.conftest import REPO, TINY, launch_env, run_train
+from tests.conftest import REPO, TINY, InProcessRun, exit_code, launch_env, run_inprocess
 from tests.test_checkpoint import crafted_checkpoint
 
 STEPS = 3  # trainer.max_steps_per_epoch: 3 updates per epoch at batch 8
 
 
-def args(root: Path, run: Path, *extra: str) -> list[str]:
-    return [*TINY, f"data.root={root}", "loader.batch_size=8", f"hydra.run.dir={run}", *extra]
+def args(root: Path, *extra: str) -> list[str]:
+    return [*TINY, f"data.root={root}", "loader.batch_size=8", *extra]
 
 
 def rows(path: Path) -> list[dict]:
@@ -40,11 +40,20 @@ def assert_one_line_error(proc: subprocess.CompletedProcess, *needles: str) -> N
         assert needle in errors[0], errors[0]
 
 
+def assert_one_line_ending(run: InProcessRun, *needles: str) -> None:
+    """In-process: what main turns into exit code 2 and one `error:` line (test_train runs that path)."""
+    assert exit_code(run.ended) == 2 and "Traceback" not in run.log, run.log[-2000:]
+    error = str(run.ended)
+    assert "\n" not in error, error
+    for needle in needles:
+        assert needle in error, error
+
+
 @pytest.fixture(scope="module")
 def trained(small_root, tmp_path_factory) -> Path:
     """One epoch of resnet18 with EMA and SGD: checkpoints/last.pt and best.pt."""
     run = tmp_path_factory.mktemp("trained") / "run"
-    run_train(args(small_root, run, "trainer.epochs=1", f"trainer.max_steps_per_epoch={STEPS}", "trainer.ema=true"))
+    run_inprocess(args(small_root, "trainer.epochs=1", f"trainer.max_steps_per_epoch={STEPS}", "trainer.ema=true"), run)
     return run
 
 
@@ -52,8 +61,11 @@ def trained(small_root, tmp_path_factory) -> Path:
 def test_a_crafted_checkpoint_never_runs(small_root, tmp_path, key):
     marker = tmp_path / "MARKER"
     evil = crafted_checkpoint(tmp_path / "evil.pt", marker)
-    proc = run_train(args(small_root, tmp_path / "run", f"{key}={evil}"), check=False)
-    assert_one_line_error(proc, f"{key}={evil}", "without running code")
+    assert_one_line_ending(
+        run_inprocess(args(small_root, f"{key}={evil}"), tmp_path / "run", check=False),
+        f"{key}={evil}",
+        "without running code",
+    )
     assert not marker.exists()
 
 
@@ -61,8 +73,8 @@ def test_more_epochs_on_resume_continue_on_the_longer_schedule(small_root, train
     """trainer.epochs 1 -> 2: epoch 1 trains on the 2-epoch cosine (it used to run at LR 0)."""
     run = tmp_path / "run"
     resume = f"trainer.resume={trained / 'checkpoints' / 'last.pt'}"
-    run_train(
-        args(small_root, run, "trainer.epochs=2", f"trainer.max_steps_per_epoch={STEPS}", resume, "trainer.ema=true")
+    run_inprocess(
+        args(small_root, "trainer.epochs=2", f"trainer.max_steps_per_epoch={STEPS}", resume, "trainer.ema=true"), run
     )
     param = torch.nn.Parameter(torch.zeros(1))
     optimizer = torch.optim.SGD([param], lr=0.1 * 8 / 256)
@@ -79,22 +91,22 @@ def test_more_epochs_on_resume_continue_on_the_longer_schedule(small_root, train
 
 
 def test_an_optimizer_change_on_resume_is_one_line(small_root, trained, tmp_path):
-    proc = run_train(
-        args(small_root, tmp_path / "run", "optimizer=adamw", f"trainer.resume={trained / 'checkpoints' / 'last.pt'}"),
-        check=False,
-    )
-    assert_one_line_error(proc, "optimizer.name=adamw", "optimizer.name=sgd")
+    resume = f"trainer.resume={trained / 'checkpoints' / 'last.pt'}"
+    ended = run_inprocess(args(small_root, "optimizer=adamw", resume), tmp_path / "run", check=False)
+    assert_one_line_ending(ended, "optimizer.name=adamw", "optimizer.name=sgd")
 
 
 def test_a_negative_lr_is_one_line(small_root, tmp_path):
-    assert_one_line_error(
-        run_train(args(small_root, tmp_path / "run", "optimizer.lr=-0.1"), check=False), "optimizer.lr=-0.1"
+    assert_one_line_ending(
+        run_inprocess(args(small_root, "optimizer.lr=-0.1"), tmp_path / "run", check=False), "optimizer.lr=-0.1"
     )
 
 
 def test_eval_only_with_resume_auto_and_no_checkpoint_has_nothing_to_evaluate(small_root, tmp_path):
-    proc = run_train(args(small_root, tmp_path / "run", "trainer.eval_only=true", "trainer.resume=auto"), check=False)
-    assert_one_line_error(proc, "nothing to evaluate")
+    ended = run_inprocess(
+        args(small_root, "trainer.eval_only=true", "trainer.resume=auto"), tmp_path / "run", check=False
+    )
+    assert_one_line_ending(ended, "nothing to evaluate")
 
 
 def test_batch_size_change_mid_epoch_is_an_error_and_at_an_epoch_boundary_maps_by_epoch(small_root, trained, tmp_path):
@@ -105,7 +117,7 @@ def test_batch_size_change_mid_epoch_is_an_error_and_at_an_epoch_boundary_maps_b
     cmd = [
         sys.executable,
         str(REPO / "train.py"),
-        *args(small_root, run, "trainer.epochs=1", "trainer.log_every_n_steps=1"),
+        *args(small_root, "trainer.epochs=1", "trainer.log_every_n_steps=1", f"hydra.run.dir={run}"),
     ]
     proc = subprocess.Popen(
         cmd, cwd=REPO, env=launch_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
@@ -117,13 +129,15 @@ def test_batch_size_change_mid_epoch_is_an_error_and_at_an_epoch_boundary_maps_b
     assert proc.wait(timeout=300) == 128 + signal.SIGTERM, proc.stderr.read()[-2000:]
     last = run / "checkpoints" / "last.pt"
     assert torch.load(last, weights_only=True)["next_step"] > 0
-    proc = run_train(args(small_root, tmp_path / "a", "loader.batch_size=16", f"trainer.resume={last}"), check=False)
-    assert_one_line_error(proc, "loader.batch_size=16", "loader.batch_size=8", "mid-epoch")
+    ended = run_inprocess(
+        args(small_root, "loader.batch_size=16", f"trainer.resume={last}"), tmp_path / "a", check=False
+    )
+    assert_one_line_ending(ended, "loader.batch_size=16", "loader.batch_size=8", "mid-epoch")
 
     mapped = tmp_path / "b"
     resume = f"trainer.resume={trained / 'checkpoints' / 'last.pt'}"
-    proc = run_train([*args(small_root, mapped, "trainer.epochs=2", resume), "loader.batch_size=16"])
-    assert "updates per epoch changed from 3 to 8" in proc.stdout
+    resumed = run_inprocess([*args(small_root, "trainer.epochs=2", resume), "loader.batch_size=16"], mapped)
+    assert "updates per epoch changed from 3 to 8" in resumed.log
     assert torch.load(mapped / "checkpoints" / "last.pt", weights_only=True)["global_step"] == 2 * 8
 
 
@@ -131,9 +145,10 @@ def test_grad_accum_schedule_length_is_the_updates_made(small_root, tmp_path):
     """5 micro-steps at accumulation 2 make 3 updates per epoch: the LR reaches min_lr (0) only at
     the run's last update (floor made 2 per epoch: the last updates ran at min_lr)."""
     run = tmp_path / "run"
-    run_train(
-        args(small_root, run, "trainer.epochs=2", "trainer.max_steps_per_epoch=5", "trainer.grad_accum_steps=2")
-        + ["trainer.log_every_n_steps=1"]
+    run_inprocess(
+        args(small_root, "trainer.epochs=2", "trainer.max_steps_per_epoch=5", "trainer.grad_accum_steps=2")
+        + ["trainer.log_every_n_steps=1"],
+        run,
     )
     assert torch.load(run / "checkpoints" / "last.pt", weights_only=True)["global_step"] == 6
     logged = rows(run / "steps.jsonl")
@@ -145,9 +160,12 @@ def test_sigkill_after_the_log_row_then_resume_auto_keeps_one_row_per_epoch(smal
     stale temp file is removed at start; the resumed run redoes the epoch and the logs have each
     epoch and step once."""
     run = tmp_path / "run"
-    common = args(small_root, run, "trainer.epochs=2", f"trainer.max_steps_per_epoch={STEPS}", "trainer.resume=auto")
+    common = args(small_root, "trainer.epochs=2", f"trainer.max_steps_per_epoch={STEPS}", "trainer.resume=auto")
     proc = subprocess.Popen(
-        [sys.executable, str(REPO / "train.py"), *common], cwd=REPO, env=launch_env(), stdout=subprocess.DEVNULL
+        [sys.executable, str(REPO / "train.py"), *common, f"hydra.run.dir={run}"],
+        cwd=REPO,
+        env=launch_env(),
+        stdout=subprocess.DEVNULL,
     )
     deadline = time.monotonic() + 300
     while not rows(run / "metrics.jsonl") and time.monotonic() < deadline and proc.poll() is None:
@@ -160,8 +178,8 @@ def test_sigkill_after_the_log_row_then_resume_auto_keeps_one_row_per_epoch(smal
     stale = run / "checkpoints" / ".last.pt.tmp-99999"
     stale.parent.mkdir(exist_ok=True)
     stale.write_bytes(b"half a checkpoint")
-    out = run_train(common)
-    assert "removed" in out.stdout and not stale.exists()
+    out = run_inprocess(common, run)
+    assert "removed" in out.log and not stale.exists()
     assert [r["epoch"] for r in rows(run / "metrics.jsonl")] == [0, 1]
     steps = [r["step"] for r in rows(run / "steps.jsonl")]
     assert steps == sorted(steps) and len(steps) == len(set(steps)) and steps[-1] == 2 * STEPS
@@ -196,7 +214,7 @@ def test_disk_full_during_a_checkpoint_write_is_one_line_and_keeps_the_previous(
         cmd = [
             sys.executable,
             str(REPO / "train.py"),
-            *args(small_root, run, "model.name=test_resnet", "trainer.epochs=3"),
+            *args(small_root, "model.name=test_resnet", "trainer.epochs=3", f"hydra.run.dir={run}"),
         ]
         cmd += [
             f"trainer.max_steps_per_epoch={STEPS}",

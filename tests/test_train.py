@@ -197,7 +197,9 @@ def test_ema_mixup_cutmix_label_smoothing_grad_accum(sample_root, tmp_path):
     assert summary["val_samples"] == 100 and summary["global_batch"] == 32
     state = torch.load(run / "checkpoints" / "last.pt", map_location="cpu", weights_only=True)
     assert state["model_ema"] is not None and state["global_step"] == 13  # 25 micro-batches -> 13 updates
-    assert any(not torch.equal(state["model_ema"][k], state["model"][k]) for k in state["model"] if k.endswith("weight"))
+    assert any(
+        not torch.equal(state["model_ema"][k], state["model"][k]) for k in state["model"] if k.endswith("weight")
+    )
 
 
 def test_eval_only_and_a_checkpoint_of_another_model(sample_root, one_epoch, tmp_path):
@@ -209,7 +211,9 @@ def test_eval_only_and_a_checkpoint_of_another_model(sample_root, one_epoch, tmp
     other = run_inprocess(
         [*TINY, f"data.root={sample_root}", "model=resnet50", f"trainer.resume={last}"], tmp_path / "other", check=False
     )
-    assert exit_code(other.ended) == 2 and "checkpoint is of model resnet18, this run builds resnet50" in str(other.ended)
+    assert exit_code(other.ended) == 2 and "checkpoint is of model resnet18, this run builds resnet50" in str(
+        other.ended
+    )
 
 
 @pytest.mark.slow
