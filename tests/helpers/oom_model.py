@@ -1,12 +1,10 @@
-"""train.py as users run it, with one test-only timm model whose forward raises CUDA's
-out-of-memory error (a real OOM needs a GPU): `python oom_train.py OVERRIDES...`."""
-
-import runpy
-import sys
-from pathlib import Path
+"""A test-only timm model whose forward raises CUDA's out-of-memory error (a real OOM needs a GPU).
+Importing this module registers it as `model.name=test_out_of_memory_net`."""
 
 import torch
 from timm.models import register_model
+
+NAME = "test_out_of_memory_net"
 
 
 class _OutOfMemoryNet(torch.nn.Module):
@@ -21,9 +19,3 @@ class _OutOfMemoryNet(torch.nn.Module):
 @register_model
 def test_out_of_memory_net(pretrained: bool = False, **kwargs) -> torch.nn.Module:
     return _OutOfMemoryNet(num_classes=kwargs.get("num_classes", 1000))
-
-
-train_py = Path(__file__).resolve().parents[2] / "train.py"
-sys.argv = [str(train_py), *sys.argv[1:]]
-sys.path[0] = str(train_py.parent)  # as `python train.py` sets it: this checkout's dali_train
-runpy.run_path(str(train_py), run_name="__main__")
