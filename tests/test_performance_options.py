@@ -11,27 +11,23 @@ from timm.scheduler import CosineLRScheduler
 from dali_train.distributed import DistInfo
 from dali_train.engine import TrainParts, train_step
 from dali_train.runtime import prepare_model
-from tests.conftest import TINY, run_train
+from tests.conftest import TINY, exit_code, run_inprocess
 
 ONE_STEP = ["trainer.epochs=1", "trainer.max_steps_per_epoch=1", "trainer.max_val_steps=1"]
 
 
-def test_train_py_sets_cuda_max_connections_unless_the_user_did(sample_root, tmp_path):
+def test_train_py_sets_cuda_max_connections_unless_the_user_did(sample_root, tmp_path, monkeypatch):
     run = tmp_path / "default"
-    env = {"CUDA_DEVICE_MAX_CONNECTIONS": ""}  # empty counts as unset (launch_env inherits ours)
-    run_train([*TINY, *ONE_STEP, f"data.root={sample_root}", f"hydra.run.dir={run}"], env=env)
+    monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", "")  # empty counts as unset
+    run_inprocess([*TINY, *ONE_STEP, f"data.root={sample_root}"], run)
     assert "CUDA_DEVICE_MAX_CONNECTIONS=32" in (run / "train.log").read_text()
     # The user's own value wins; and a bad compile mode is a one-line error (exit 2) before any work.
     run = tmp_path / "user"
-    proc = run_train(
-        [*TINY, f"data.root={sample_root}", "trainer.compile_mode=fast", f"hydra.run.dir={run}"],
-        env={"CUDA_DEVICE_MAX_CONNECTIONS": "4"},
-        check=False,
-    )
+    monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", "4")
+    ended = run_inprocess([*TINY, f"data.root={sample_root}", "trainer.compile_mode=fast"], run, check=False)
     assert "CUDA_DEVICE_MAX_CONNECTIONS=4" in (run / "train.log").read_text()
-    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
-    assert proc.returncode == 2 and len(errors) == 1, proc.stderr[-2000:]
-    assert "trainer.compile_mode=fast: unknown; choose one of default, reduce-overhead" in errors[0]
+    assert exit_code(ended.ended) == 2 and "\n" not in str(ended.ended), ended.log[-2000:]
+    assert "trainer.compile_mode=fast: unknown; choose one of default, reduce-overhead" in str(ended.ended)
 
 
 def _parts(compile_mode: str | None) -> TrainParts:

@@ -1,4 +1,5 @@
-"""train.py on a folder with a file that passes the startup check but cannot be decoded."""
+"""run(cfg) on a folder with a file that passes the startup check but cannot be decoded: the
+ending main turns into exit code 2 and one `error:` line (test_train runs that path as a subprocess)."""
 
 from __future__ import annotations
 
@@ -6,13 +7,13 @@ import shutil
 
 import torch
 
-from tests.conftest import TINY, run_train
+from tests.conftest import TINY, InProcessRun, exit_code, run_inprocess
 from tests.data.test_loaders import plant
 
 
-def error_lines(proc) -> list[str]:
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
-    return [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+def error_lines(run: InProcessRun) -> list[str]:
+    assert exit_code(run.ended) == 2 and "Traceback" not in run.log, run.log[-3000:]
+    return str(run.ended).splitlines()
 
 
 def test_pytorch_loader_a_damaged_train_file_saves_progress_and_names_the_file(small_root, tmp_path):
@@ -22,9 +23,8 @@ def test_pytorch_loader_a_damaged_train_file_saves_progress_and_names_the_file(s
     shutil.copytree(small_root, data)
     bad = plant(str(sorted(data.glob("train/n00000004/*.JPEG"))[0]))
     run = tmp_path / "run"
-    args = [*TINY, f"data.root={data}", "trainer.epochs=1", "loader.batch_size=8", f"hydra.run.dir={run}"]
-    proc = run_train([*args, "loader=pytorch", "loader.num_workers=1"], check=False)
-    error = error_lines(proc)
+    args = [*TINY, f"data.root={data}", "trainer.epochs=1", "loader.batch_size=8"]
+    error = error_lines(run_inprocess([*args, "loader=pytorch", "loader.num_workers=1"], run, check=False))
     assert len(error) == 1 and bad in error[0] and "data.exclude_list" in error[0], error
     state = torch.load(run / "checkpoints" / "last.pt", map_location="cpu", weights_only=False)
     assert state["next_epoch"] == 0 and 0 <= state["next_step"] < 15
@@ -34,6 +34,6 @@ def test_a_damaged_val_file_is_one_line_naming_it(small_root, tmp_path):
     data = tmp_path / "data"
     shutil.copytree(small_root, data)
     bad = plant(str(sorted(data.glob("val/n00000006/*.JPEG"))[0]))
-    args = [*TINY, f"data.root={data}", "trainer.epochs=1", "loader=dali_cpu", f"hydra.run.dir={tmp_path / 'run'}"]
-    error = error_lines(run_train(args, check=False))
+    args = [*TINY, f"data.root={data}", "trainer.epochs=1", "loader=dali_cpu"]
+    error = error_lines(run_inprocess(args, tmp_path / "run", check=False))
     assert len(error) == 1 and bad in error[0] and "validation" in error[0], error

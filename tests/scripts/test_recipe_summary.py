@@ -9,14 +9,14 @@ import sys
 
 import pytest
 
-from tests.conftest import REPO, TINY, run_train
+from tests.conftest import REPO, TINY, run_inprocess
 
 
 @pytest.mark.slow
 def test_seeds_of_a_recipe_become_one_row_with_time_to_accuracy(small_root, tmp_path):
     runs = [tmp_path / f"tiny_s{seed}" for seed in (0, 1)]
     for seed, run in enumerate(runs):
-        run_train([*TINY, f"data.root={small_root}", "trainer.epochs=2", f"seed={seed}", f"hydra.run.dir={run}"])
+        run_inprocess([*TINY, f"data.root={small_root}", "trainer.epochs=2", f"seed={seed}"], run)
     rows = [[json.loads(line) for line in (r / "metrics.jsonl").read_text().splitlines()] for r in runs]
     assert all(0 < a["wall_time_s"] < b["wall_time_s"] for a, b in rows)  # grows epoch by epoch
     top1 = [r[-1]["val_top1"] for r in rows]
