@@ -6,16 +6,19 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from tests.conftest import REPO, launch_env, read_json
 
-# train.py as `python train.py ARGS`, started at a given wall-clock time, its imports done before:
-# two runs then take their run stamp within the same second, deterministically.
+# train.py as `python train.py ARGS`, its slow imports done first; it says "ready", then waits for
+# a wall-clock start time on stdin: two runs then take their run stamp within the same second.
 START_AT = """
 import os, runpy, sys, time
-sys.path.insert(0, os.path.dirname(sys.argv[2]))  # as `python train.py` does: this checkout's package
+sys.path.insert(0, os.path.dirname(sys.argv[1]))  # as `python train.py` does: this checkout's package
 import hydra, timm, torch, nvidia.dali  # noqa: F401 - the slow imports, before the start signal
-start = float(sys.argv[1])
-sys.argv = [sys.argv[2], *sys.argv[3:]]
+print("ready", flush=True)
+start = float(sys.stdin.readline())
+sys.argv = sys.argv[1:]
 time.sleep(max(start - time.time(), 0))
 runpy.run_path(sys.argv[0], run_name="__main__")
 """
@@ -32,20 +35,36 @@ TINY_SYNTHETIC = [
 ]
 
 
+def wait_until_ready(proc: subprocess.Popen) -> str:
+    """The output up to the child's "ready" line (import warnings may come first)."""
+    lines = []
+    for line in proc.stdout:
+        if line.strip() == "ready":
+            return "".join(lines)
+        lines.append(line)
+    raise AssertionError("".join(lines)[-3000:])
+
+
+@pytest.mark.slow
 def test_two_runs_started_in_the_same_second_get_two_run_dirs(tmp_path):
-    start = int(time.time()) + 20.1  # a whole second + 0.1 s: both stamps fall in one second
     procs = [
         subprocess.Popen(
-            [sys.executable, "-c", START_AT, str(start), str(REPO / "train.py"), *TINY_SYNTHETIC],
+            [sys.executable, "-c", START_AT, str(REPO / "train.py"), *TINY_SYNTHETIC],
             cwd=tmp_path,
             env=launch_env(),
+            stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
         )
         for _ in range(2)
     ]
-    outputs = [p.communicate(timeout=300)[0] for p in procs]
+    preambles = [wait_until_ready(p) for p in procs]
+    start = int(time.time()) + 1.1  # the next whole second + 0.1 s: both stamps fall in one second
+    for p in procs:
+        p.stdin.write(f"{start}\n")
+        p.stdin.flush()  # communicate() closes it
+    outputs = [pre + p.communicate(timeout=300)[0] for pre, p in zip(preambles, procs, strict=True)]
     assert [p.returncode for p in procs] == [0, 0], outputs
     assert time.time() > start, "the runs did not wait for the common start"
     run_dirs = sorted(p for p in (tmp_path / "outputs").glob("*/*") if p.is_dir())
