@@ -245,3 +245,34 @@ def test_an_undecodable_file_mid_epoch_saves_progress_and_names_the_file(small_r
     resumed = run_inprocess([*args, f"data.exclude_list={exclude}", "trainer.resume=auto"], run)
     assert f"at epoch 0 step {state['next_step']}" in resumed.log
     assert read_json(run / "summary.json")["val_samples"] == 50
+
+
+def test_model_pretrained_starts_from_the_weights_of_a_checkpoint(sample_root, one_epoch, tmp_path):
+    """model.pretrained=best.pt of another run (no EMA there: its model weights), evaluated without
+    training: the val top-1 of that run, so its weights reached the model; then one training step."""
+    best = one_epoch / "checkpoints" / "best.pt"
+    args = [*TINY, f"data.root={sample_root}", f"model.pretrained={best}"]
+    ev = run_inprocess([*args, "trainer.eval_only=true"], tmp_path / "eval")
+    assert ev.summary["val_top1"] == read_json(one_epoch / "summary.json")["best_val_top1"]
+    assert f"tensors loaded from {best}" in ev.log
+    fine_tuned = run_inprocess([*args, "trainer.epochs=1", "trainer.max_steps_per_epoch=1"], tmp_path / "tune")
+    assert fine_tuned.summary["epochs_completed"] == 1 and f"tensors loaded from {best}" in fine_tuned.log
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason="dali_train lets DDP's ValueError through (exit 1, a traceback); issue 14")
+def test_sync_bn_on_cpu_under_gloo_is_refused_or_ignored_in_one_line(small_root, tmp_path):
+    """torch's DDP takes SyncBatchNorm on GPU modules only: with trainer.device=cpu under torchrun,
+    trainer.sync_bn=true must end in one `error:` line naming it (exit 2), or train with a warning
+    naming it. Today DDP's ValueError crashes the run with a traceback (exit 1, end_state crashed)."""
+    run = tmp_path / "run"
+    args = [*TINY, f"data.root={small_root}", "trainer.epochs=1", "trainer.max_steps_per_epoch=2"]
+    proc = run_train(
+        [*args, "loader.batch_size=8", "trainer.sync_bn=true", f"hydra.run.dir={run}"], nproc=2, check=False
+    )
+    if proc.returncode == 0:
+        assert "trainer.sync_bn" in proc.stdout and read_json(run / "summary.json")["world_size"] == 2
+        return
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert len(set(errors)) == 1 and "trainer.sync_bn" in errors[0], errors

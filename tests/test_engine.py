@@ -1,0 +1,78 @@
+"""The training loop in-process on a tiny model: the fp16 GradScaler with clipping, and mid-epoch
+checkpoint positions (trainer.save_every_n_steps)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from timm.scheduler import CosineLRScheduler
+
+from dali_train.distributed import DistInfo
+from dali_train.engine import LoopControl, TrainParts, train_one_epoch, train_step
+from dali_train.logs import MetricsWriter
+
+LR = 0.5
+
+
+def parts_for(model: torch.nn.Module, **kwargs) -> TrainParts:
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)  # no momentum: an update is -lr × gradient
+    scheduler = CosineLRScheduler(optimizer, t_initial=100, t_in_epochs=False)  # LR stays LR at the first step
+    cpu = torch.device("cpu")
+    return TrainParts(
+        model=model,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        loss_fn=torch.nn.CrossEntropyLoss(),
+        device=cpu,
+        dist=DistInfo(0, 0, 1),
+        **kwargs,
+    )
+
+
+def batches(n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    gen = torch.Generator().manual_seed(0)
+    return [(torch.randn(4, 8, generator=gen) * 10, torch.randint(0, 3, (4,), generator=gen)) for _ in range(n)]
+
+
+def test_fp16_grad_scaler_unscales_before_clipping():
+    """trainer.amp=fp16 with trainer.clip_grad_norm: the norm is clipped on the true gradients
+    (unscaled first), so the update is -lr × gradient × clip/‖gradient‖, whatever the loss scale.
+    A real GradScaler on CPU (the app turns AMP off on CPU; this branch is the engine's)."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 3)
+    (images, labels) = batches(1)[0]
+    reference = copy.deepcopy(model)
+    torch.nn.functional.cross_entropy(reference(images), labels).backward()
+    grads = [p.grad for p in reference.parameters()]
+    norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
+    clip = norm.item() / 4  # clipping is active
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**12)
+    parts = parts_for(model, scaler=scaler, clip_grad_norm=clip)
+    before = [p.detach().clone() for p in model.parameters()]
+    train_step(parts, images, labels, update=True)
+    for old, new, grad in zip(before, model.parameters(), grads, strict=True):
+        torch.testing.assert_close(old - new.detach(), LR * grad * clip / norm, rtol=1e-4, atol=1e-6)
+    assert scaler.get_scale() == 2.0**12 and parts.global_step == 1  # a finite step: not skipped
+
+
+@pytest.mark.parametrize("accum", [1, 2])
+def test_save_every_n_steps_saves_at_every_nth_update_with_the_micro_step_to_resume_at(tmp_path, accum):
+    """9 batches resumed at micro-step 4 of epoch 3: a save every 2 updates, never on the epoch's
+    last step (the end-of-epoch save follows); the position is the next micro-step to train."""
+    model = torch.nn.Linear(8, 3)
+    parts = parts_for(model, grad_accum_steps=accum)
+    saved = []
+    ctl = LoopControl(
+        MetricsWriter(tmp_path, False),
+        log_every=100,
+        save_every=2,
+        save=lambda epoch, step: saved.append((epoch, step, parts.global_step)),
+    )
+    train_one_epoch(parts, batches(9), ctl, epoch=3, start_step=4)
+    if accum == 1:  # updates after micro-steps 1..9; saves after updates 2, 4, 6, 8
+        assert saved == [(3, 6, 2), (3, 8, 4), (3, 10, 6), (3, 12, 8)]
+    else:  # updates after micro-steps 2, 4, 6, 8 and 9 (the epoch's last, partial group)
+        assert saved == [(3, 8, 2), (3, 12, 4)]
+    assert parts.global_step == (9 if accum == 1 else 5)
