@@ -36,6 +36,7 @@ def crafted_checkpoint(path: Path, marker: Path) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_the_crafted_file_does_run_code_when_unpickled_unsafely(tmp_path):
     """The planted file is a real exploit (so the tests that refuse it can fail)."""
     marker = tmp_path / "MARKER"

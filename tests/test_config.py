@@ -72,6 +72,7 @@ def test_imagenet_root_is_required(hydra_conf):
     assert OmegaConf.is_missing(cfg.data, "root")
 
 
+@pytest.mark.slow
 def test_typo_on_the_command_line_exits_before_any_work(tmp_path):
     """Hydra's composition error, as users see it: its message, exit code 2 as for UserError."""
     proc = run_train(["loader.batchsize=3", f"hydra.run.dir={tmp_path / 'run'}"], check=False, timeout=120)
@@ -80,6 +81,7 @@ def test_typo_on_the_command_line_exits_before_any_work(tmp_path):
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 
+@pytest.mark.slow
 def test_config_prints_without_resolving_paths():
     proc = run_train(["--cfg", "job"], timeout=120)
     assert "loader:" in proc.stdout and "name: dali" in proc.stdout

@@ -109,6 +109,7 @@ def test_eval_only_with_resume_auto_and_no_checkpoint_has_nothing_to_evaluate(sm
     assert_one_line_ending(ended, "nothing to evaluate")
 
 
+@pytest.mark.slow
 def test_batch_size_change_mid_epoch_is_an_error_and_at_an_epoch_boundary_maps_by_epoch(small_root, trained, tmp_path):
     """A mid-epoch checkpoint (SIGTERM) resumed with batch 8 -> 16: one line naming loader.batch_size.
     The end-of-epoch checkpoint resumed with batch 16: the schedule continues at epoch 1 of the new
@@ -155,6 +156,7 @@ def test_grad_accum_schedule_length_is_the_updates_made(small_root, tmp_path):
     assert {r["step"] for r in logged if r["train/lr"] == 0} == {6}
 
 
+@pytest.mark.slow
 def test_sigkill_after_the_log_row_then_resume_auto_keeps_one_row_per_epoch(small_root, tmp_path):
     """Killed right after epoch 0's metrics row: last.pt never claims an epoch without its row; a
     stale temp file is removed at start; the resumed run redoes the epoch and the logs have each
@@ -195,6 +197,7 @@ def _tmpfs(path: Path, size: str) -> bool:
     )
 
 
+@pytest.mark.slow
 def test_disk_full_during_a_checkpoint_write_is_one_line_and_keeps_the_previous(small_root, tmp_path):
     """test_resnet checkpoints are ~2.9 MiB; an 8 MiB tmpfs holds epoch 0's best.pt and last.pt
     but not a third file. Without mount permission, RLIMIT_FSIZE makes every checkpoint write fail."""

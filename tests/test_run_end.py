@@ -136,6 +136,7 @@ def test_a_bad_file_in_val_keeps_the_trained_epoch(small_root, tmp_path):
     assert (state["next_epoch"], state["next_step"], state["global_step"]) == (1, 0, 8)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "args, message",
     [

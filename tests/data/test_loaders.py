@@ -140,6 +140,11 @@ def test_progressive_size_reaches_the_pipeline(sample_root):
     assert shapes == [24, 32, 40]
 
 
+# One DataLoader worker: after a worker's decode error, torch's iterator shutdown waits 5 s per
+# worker (its join timeout) for workers that do not exit; two made each of these tests 10 s longer.
+ONE_WORKER = ["loader.num_workers=1"]
+
+
 def plant(path: str) -> str:
     """Damage a JPEG's Huffman table in place: it passes the startup check, DALI cannot decode it."""
     Path(path).write_bytes(damage_huffman_table(Path(path).read_bytes()))
@@ -161,7 +166,7 @@ def copied_root(small_root, tmp_path) -> Path:
 @pytest.mark.parametrize("folder", ["n00000000", "n00000007"])  # the first batch (read as DALI builds), a later one
 def test_a_damaged_val_file_is_a_one_line_error_naming_it(copied_root, name, folder):
     bad = plant(str(sorted(copied_root.glob(f"val/{folder}/*.JPEG"))[0]))
-    ld = loaders(copied_root, f"loader={name}", "loader.num_workers=2", *SMALL, "loader.batch_size=8")
+    ld = loaders(copied_root, f"loader={name}", *ONE_WORKER, *SMALL, "loader.batch_size=8")
     assert bad in ld.dataset.val.files  # the startup check let it through
     with pytest.raises(DatasetError) as err:
         list(ld.val)
@@ -173,7 +178,7 @@ def test_a_damaged_val_file_is_a_one_line_error_naming_it(copied_root, name, fol
 def test_a_damaged_train_file_is_a_one_line_error_naming_it(copied_root, name, batch):
     """Batch 0 of epoch 1: DALI decodes it while the iterator is built, in set_epoch(1), which
     train.py calls before validating epoch 0. Batch 9: mid-epoch, beyond DALI's prefetch."""
-    ld = loaders(copied_root, f"loader={name}", "loader.num_workers=2", *SMALL, "loader.batch_size=8")
+    ld = loaders(copied_root, f"loader={name}", *ONE_WORKER, *SMALL, "loader.batch_size=8")
     ld.train.set_epoch(0)
     assert len(list(ld.train)) == 15  # a clean epoch 0
     order = epoch_order(120, seed=0, epoch=1, batch_size=8, world_size=1).rank_block(0, 1)

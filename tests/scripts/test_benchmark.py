@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 import yaml
 
 from dali_train.profiling import summarize
@@ -55,6 +56,7 @@ def test_profile_summary_measures_idle_overlap_and_host_waits():
     assert summarize([]).startswith("no GPU activity")
 
 
+@pytest.mark.slow
 def test_variants_hold_and_profile_on_cpu(sample_root, tmp_path):
     out, prof = tmp_path / "bench", tmp_path / "prof"
     proc = benchmark(
@@ -79,6 +81,7 @@ def test_variants_hold_and_profile_on_cpu(sample_root, tmp_path):
     assert "no GPU activity" in proc.stdout  # the summary of a CPU run says so
 
 
+@pytest.mark.slow
 def test_under_torchrun_rank_zero_reports_for_both(sample_root, tmp_path):
     out = tmp_path / "bench"
     proc = benchmark(
@@ -92,11 +95,13 @@ def test_under_torchrun_rank_zero_reports_for_both(sample_root, tmp_path):
     assert proc.stdout.count("e2e resnet18 compile=off dali_cpu:") == 1  # rank 0 alone reports
 
 
+@pytest.mark.slow
 def test_unknown_loader_name_is_refused():
     proc = benchmark(["--loaders", "dali", "fast", "--", "trainer.device=cpu"], check=False)
     assert proc.returncode == 2 and "fast is neither dali, dali_cpu, pytorch nor a --variant name" in proc.stderr
 
 
+@pytest.mark.slow
 def test_malformed_variant_is_refused():
     proc = benchmark(
         ["--variant", "x=dali:loader.num_threads", "--loaders", "x", "--", "trainer.device=cpu"], check=False
@@ -116,6 +121,7 @@ def test_profile_summary_names_a_file_that_is_no_trace(tmp_path):
         assert proc.returncode == 2 and f"{path}: not a readable torch.profiler Chrome trace" in proc.stderr
 
 
+@pytest.mark.slow
 def test_windows_stay_inside_one_epoch(sample_root, tmp_path):
     """400 files / batch 8 = 50 steps per epoch: windows of 20 after 5 warm-up steps fit twice in an
     epoch, the third starts after a drained switch; an epoch shorter than warm-up + window is refused."""
@@ -137,6 +143,7 @@ def test_windows_stay_inside_one_epoch(sample_root, tmp_path):
     assert proc.returncode == 2 and len(errors) == 1 and "an epoch has 50 steps per process" in errors[0]
 
 
+@pytest.mark.slow
 def test_tune_measures_the_grid_end_to_end_and_merges_the_best(sample_root, tmp_path):
     local = tmp_path / "local" / "default.yaml"
     local.parent.mkdir()

@@ -64,6 +64,7 @@ def test_every_script_has_help(name, monkeypatch, capsys):
     assert exit_.value.code in (0, None) and "usage:" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_make_synthetic_imagenet_is_deterministic_and_realistic(tmp_path):
     for out in ("a", "b"):
         script(
@@ -88,6 +89,7 @@ def test_make_synthetic_imagenet_is_deterministic_and_realistic(tmp_path):
     assert script("make_synthetic_imagenet.py", "--out", tmp_path / "a", check=False).returncode != 0
 
 
+@pytest.mark.slow
 def test_scan_dataset_classifies_bad_files_and_its_exclude_list_works(bad_tree, tmp_path):  # noqa: F811
     out = tmp_path / "scan"
     script("scan_dataset.py", bad_tree, "--out", out, "--workers", 2)
@@ -106,6 +108,7 @@ def test_scan_dataset_classifies_bad_files_and_its_exclude_list_works(bad_tree, 
     assert "cmyk.JPEG" in names
 
 
+@pytest.mark.slow
 def test_scan_dataset_reports_damaged_scan_data_that_dali_decodes_with_an_anonymous_warning(tmp_path, capfd):
     """Damage inside the entropy-coded data: headers and end marker intact, so train.py's startup
     check passes and DALI decodes the file, printing "Corrupt JPEG data" without a file name. The
@@ -184,6 +187,7 @@ def test_prepare_imagenet_val_from_csv_and_from_devkit_ids(tmp_path):
     shutil.rmtree(tmp_path / "csv")
 
 
+@pytest.mark.slow
 def test_benchmark_cpu_smoke(sample_root, tmp_path):
     """The benchmark's tiny CPU mode: dali_cpu and synthetic batches, a few steps, all outputs."""
     out = tmp_path / "bench"
@@ -223,6 +227,7 @@ def test_benchmark_cpu_smoke(sample_root, tmp_path):
     assert "e2e dali_cpu ÷ model-only" in proc.stdout and (out / "results.md").is_file()
 
 
+@pytest.mark.slow
 def test_split_holdout_takes_a_seeded_share_of_each_class_and_never_val(sample_root, tmp_path):
     dst = tmp_path / "holdout"
     proc = subprocess.run(
@@ -247,6 +252,7 @@ def test_split_holdout_takes_a_seeded_share_of_each_class_and_never_val(sample_r
     assert again.returncode != 0 and again.stderr.strip().startswith(f"error: {dst}: exists")
 
 
+@pytest.mark.slow
 def test_make_synthetic_imagenet_links_make_long_epochs(tmp_path):
     out = tmp_path / "farm"
     proc = script("make_synthetic_imagenet.py", "--out", out, "--classes", 2, "--train-per-class", 3,
@@ -260,6 +266,7 @@ def test_make_synthetic_imagenet_links_make_long_epochs(tmp_path):
     assert script("make_synthetic_imagenet.py", "--out", tmp_path / "x", "--links", 0, check=False).returncode != 0
 
 
+@pytest.mark.slow
 def test_measure_startup_on_a_small_link_farm(tmp_path):
     out = tmp_path / "startup.json"
     proc = script("measure_startup.py", "--root", tmp_path / "farm", "--entries", 200, "--classes", 10,
