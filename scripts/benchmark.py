@@ -33,20 +33,68 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 import torch  # noqa: E402
 from hydra import compose, initialize_config_dir  # noqa: E402
 
-from dali_train.config import register_configs  # noqa: E402
+from dali_train.config import Config, load_config, register_configs  # noqa: E402
 from dali_train.data import build_loaders  # noqa: E402
+from dali_train.device import amp_dtype_for, configure_backends, select_device  # noqa: E402
 from dali_train.distributed import init_distributed, shutdown  # noqa: E402
-from dali_train.engine import train_step  # noqa: E402
-from dali_train.runtime import amp_dtype_for, build_train_parts, configure_backends, select_device  # noqa: E402
+from dali_train.engine import TrainParts, train_step  # noqa: E402
+from dali_train.loss import build_loss  # noqa: E402
+from dali_train.models import build_model, wrap_for_training  # noqa: E402
+from dali_train.optim import build_optimizer, build_scheduler  # noqa: E402
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 LOADERS = ("dali", "dali_cpu", "pytorch")  # the loaders a benchmark row or --variant can build on
 
 
-def make_cfg(overrides: list[str]):
+def make_cfg(overrides: list[str]) -> Config:
+    """The typed run config of `overrides`, as train.py composes and checks it."""
     register_configs()
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return compose("config", overrides=overrides)
+        return load_config(compose("config", overrides=overrides))
+
+
+def make_loaders(cfg: Config, dist, device, half: bool):
+    return build_loaders(
+        cfg.data, cfg.loader, dist, device, half=half, channels_last=cfg.trainer.channels_last, seed=cfg.seed
+    )
+
+
+def make_train_parts(cfg: Config, dist, device, *, num_classes: int, updates_per_epoch: int) -> TrainParts:
+    """The model, wrapped, with its loss, optimizer and schedule: train.py's build_train_parts
+    (without its seeding), from the same builders."""
+    tc = cfg.trainer
+    model, ema = wrap_for_training(
+        build_model(cfg.model, num_classes),
+        device,
+        dist,
+        channels_last=tc.channels_last,
+        sync_bn=tc.sync_bn,
+        ema_decay=tc.ema_decay if tc.ema else None,
+        compile=tc.compile,
+    )
+    loss_fn, mixup = build_loss(
+        label_smoothing=tc.label_smoothing,
+        mixup_alpha=tc.mixup_alpha,
+        cutmix_alpha=tc.cutmix_alpha,
+        num_classes=num_classes,
+    )
+    global_batch = cfg.loader.batch_size * dist.world_size * tc.grad_accum_steps
+    optimizer = build_optimizer(cfg.optimizer, model, global_batch=global_batch)
+    amp_dtype = amp_dtype_for(tc.amp, device)
+    return TrainParts(
+        model=model,
+        optimizer=optimizer,
+        scheduler=build_scheduler(cfg.scheduler, optimizer, steps_per_epoch=updates_per_epoch, epochs=tc.epochs),
+        loss_fn=loss_fn,
+        device=device,
+        dist=dist,
+        amp_dtype=amp_dtype,
+        scaler=torch.amp.GradScaler(device.type) if amp_dtype == torch.float16 else None,
+        ema=ema,
+        mixup=mixup,
+        grad_accum_steps=tc.grad_accum_steps,
+        clip_grad_norm=tc.clip_grad_norm,
+    )
 
 
 class Endless:
@@ -169,7 +217,7 @@ def measure(loaders, work, cfg, dist, device, args, **profiling) -> dict:
 
 
 def bench_loader(cfg, dist, device, half, args) -> dict:
-    return measure(build_loaders(cfg, dist, device, half=half), lambda x, y: None, cfg, dist, device, args)
+    return measure(make_loaders(cfg, dist, device, half), lambda x, y: None, cfg, dist, device, args)
 
 
 def bench_training(cfg, dist, device, parts, loaders, args, loader_key: str) -> dict:
@@ -228,10 +276,10 @@ def run(args, dist) -> list[dict]:
         for name, cfg in loaders_by_name.items():
             if name == "synthetic" and num_classes is not None:
                 cfg.loader.synthetic_num_classes = num_classes
-            loaders = build_loaders(cfg, dist, device, half=half)
+            loaders = make_loaders(cfg, dist, device, half)
             if parts is None:  # one model per (model, compile): e2e and model-only share it
                 num_classes = loaders.num_classes
-                parts = build_train_parts(cfg, dist, device, num_classes=num_classes, updates_per_epoch=len(loaders.train))
+                parts = make_train_parts(cfg, dist, device, num_classes=num_classes, updates_per_epoch=len(loaders.train))
             r = bench_training(cfg, dist, device, parts, loaders, args, name)
             mode = "model" if name == "synthetic" else "e2e"
             rows.append({"mode": mode, "loader": name, "model": model, "compile": compile_, **r})

@@ -21,7 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 import torch  # noqa: E402
 
-from dali_train.data.dali import DaliLoader, DaliSettings, Placement, Transform  # noqa: E402
+from dali_train.config import DaliLoaderConfig  # noqa: E402
+from dali_train.data.dali import DaliLoader, Placement, Transform  # noqa: E402
 from dali_train.data.folder import scan_dataset  # noqa: E402
 from dali_train.data.sample import synthetic_image  # noqa: E402
 from dali_train.distributed import DistInfo  # noqa: E402
@@ -58,7 +59,7 @@ def main() -> None:
     t = time.perf_counter()
     ds = scan_dataset(str(root), verify=True)
     scan = time.perf_counter() - t
-    settings = DaliSettings(4, 2, 1.0, 0, 0, 0, 0, exec_dynamic=True)
+    settings = DaliLoaderConfig(name="dali_cpu", num_threads=4, device_memory_padding=0, host_memory_padding=0)
     transform = Transform((0.08, 1.0), (0.75, 4 / 3), 73, 64, (0.5,) * 3, (0.25,) * 3, False, False)
     t = time.perf_counter()
     loader = DaliLoader(

@@ -6,7 +6,7 @@ import pytest
 import torch
 from PIL import Image
 
-from tests.data.test_loaders import loaders
+from tests.data.test_loaders import loaders, workers
 
 STRETCH = ["data.train_size=32", "data.val_size=32", "loader.batch_size=4", "data.train_transform=resize"]
 
@@ -52,7 +52,7 @@ def test_train_resize_is_the_whole_image_squished_then_maybe_flipped(wide_root, 
     ld = loaders(
         wide_root,
         f"loader={name}",
-        "loader.num_workers=0",
+        *workers(name, 0),
         *STRETCH,
         "data.val_resize_mode=whole",
         "data.val_resize=32",
