@@ -11,8 +11,13 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
+# torch first (from the project's dependencies), then DALI built for torch's CUDA major: one CUDA
+# stack in the venv (a CPU-only torch gets DALI's CUDA 13 build, whose CPU operators the tests use).
+DALI_EXTRA = $$($(BIN)/python -c "import torch; print('cuda12' if (torch.version.cuda or '13').startswith('12.') else 'cuda13')")
+
 install: $(BIN)/python
-	$(BIN)/pip install -q -e ".[dev,sweep,slurm]"
+	$(BIN)/pip install -q -e .
+	$(BIN)/pip install -q -e ".[dev,sweep,slurm,$(DALI_EXTRA)]"
 
 demo: install
 	$(BIN)/python train.py

@@ -31,7 +31,7 @@ from timm.utils import random_seed
 from dali_train.checkpoint import Checkpointer, CheckpointMeta
 from dali_train.config import Config, composition_error_line, load_config, register_configs
 from dali_train.data import DatasetError, build_loaders
-from dali_train.device import amp_dtype_for, configure_backends, select_device
+from dali_train.device import amp_dtype_for, configure_backends, select_device, set_cuda_max_connections
 from dali_train.distributed import (
     DistInfo,
     StopFlag,
@@ -64,10 +64,12 @@ class RunEnded(Exception):
 def run(cfg: DictConfig) -> float:
     """Train (or evaluate) per `cfg`; returns the best val top-1. Every ending, failures included,
     is written to summary.json's `end_state`; one that is not `completed` raises RunEnded."""
+    cuda_queues = set_cuda_max_connections(cfg.trainer.cuda_max_connections)  # before anything starts CUDA
     dist = init_distributed()
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     setup_logging(dist, run_dir)
     log.info("config:\n%s", OmegaConf.to_yaml(cfg))
+    log.info("CUDA_DEVICE_MAX_CONNECTIONS=%s", cuda_queues or "unset (CUDA's default, 8)")
     writer = MetricsWriter(run_dir, dist.is_main)
     summary: dict = {"world_size": dist.world_size, "loader": cfg.loader.name, "model": cfg.model.name}
     started = time.perf_counter()
@@ -129,6 +131,7 @@ def build_train_parts(
         sync_bn=tc.sync_bn,
         ema_decay=tc.ema_decay if tc.ema else None,
         compile=tc.compile,
+        compile_mode=tc.compile_mode,
     )
     loss_fn, mixup = build_loss(
         label_smoothing=tc.label_smoothing,

@@ -283,6 +283,8 @@ class TrainerConfig:
     amp: str = "bf16"  # bf16 | fp16 | off (always off on CPU)
     channels_last: bool = True  # NHWC memory format on CUDA
     compile: bool = False  # torch.compile the model (before the DDP wrap)
+    compile_mode: str = "default"  # default | reduce-overhead (CUDA graphs) | max-autotune | max-autotune-no-cudagraphs
+    cuda_max_connections: int = 32  # CUDA_DEVICE_MAX_CONNECTIONS unless set in the environment; 0 = CUDA's 8
     cudnn_benchmark: bool = True  # autotune convolutions for fixed input sizes
     deterministic: bool = False  # deterministic algorithms (slower); used by the resume test
     grad_accum_steps: int = 1  # micro-batches per optimizer step (no all-reduce between)
@@ -303,6 +305,7 @@ class TrainerConfig:
     def __post_init__(self) -> None:
         _choice("trainer.amp", self.amp, AMP_CHOICES)
         _choice("trainer.device", self.device, DEVICE_CHOICES)
+        _choice("trainer.compile_mode", self.compile_mode, COMPILE_MODES)
         for key in ("epochs", "grad_accum_steps", "log_every_n_steps"):
             _at_least(f"trainer.{key}", getattr(self, key), 1)
 

@@ -2,12 +2,25 @@
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from dali_train.distributed import DistInfo
 from dali_train.errors import UserError
 
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "off": None}  # trainer.amp -> autocast dtype
+
+
+def set_cuda_max_connections(connections: int) -> str | None:
+    """Set CUDA_DEVICE_MAX_CONNECTIONS unless the user's environment has it; call before CUDA starts.
+
+    DALI's many small copies and kernels otherwise queue behind the model's kernels in CUDA's 8
+    hardware work queues (H200: 32 queues lifted ResNet-18 e2e from 77% to 91% of model-only, 1 queue
+    dropped it to 3-4k img/s). Returns the value in effect (None: CUDA's default)."""
+    if connections > 0 and not os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS"):
+        os.environ["CUDA_DEVICE_MAX_CONNECTIONS"] = str(connections)
+    return os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS") or None
 
 
 def select_device(name: str, dist: DistInfo) -> torch.device:

@@ -128,7 +128,7 @@ def forward_backward(p: TrainParts, images: torch.Tensor, labels: torch.Tensor, 
     with sync:
         with _autocast(p):
             loss = p.loss_fn(p.model(images), targets)
-        scaled = loss / p.grad_accum_steps
+        scaled = loss / p.grad_accum_steps if p.grad_accum_steps > 1 else loss  # no divide-by-1 kernel pair
         (p.scaler.scale(scaled) if p.scaler is not None else scaled).backward()
     return loss
 

@@ -118,11 +118,17 @@ def wrap_for_training(
     sync_bn: bool,
     ema_decay: float | None,
     compile: bool,
+    compile_mode: str = "default",
 ) -> tuple[torch.nn.Module, ModelEmaV3 | None]:
     """(model to train, EMA copy or None): to device → channels_last → SyncBN → EMA → compile → DDP.
 
     The order matters: EMA copies the model on its device before compile/DDP wrap it (timm's
-    rule), and compile comes before DDP so DDP's hooks see the compiled graph's buckets."""
+    rule), and compile comes before DDP so DDP's hooks see the compiled graph's buckets.
+
+    With CUDA graphs (reduce-overhead) torch's cudagraph trees copy each non-static input (a DALI
+    batch, whose buffer DALI reuses) into the graph's own buffer, and a step's outputs are consumed
+    (loss, backward) before the next forward replays: no `cudagraph_mark_step_begin` or clone is
+    needed in the training loop, whose forward/backward pairs mark the steps themselves."""
     model = model.to(device)
     if channels_last and device.type == "cuda":
         model = model.to(memory_format=torch.channels_last)
@@ -130,7 +136,7 @@ def wrap_for_training(
         model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
     ema = ModelEmaV3(model, decay=ema_decay, device=device) if ema_decay else None
     if compile:
-        model = torch.compile(model)
+        model = torch.compile(model, mode=compile_mode)
     if dist.enabled:
         ids = [device.index] if device.type == "cuda" else None
         model = torch.nn.parallel.DistributedDataParallel(model, device_ids=ids)

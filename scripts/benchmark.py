@@ -6,14 +6,20 @@ Modes (a list; all run in one process so their ratios compare like with like):
   model   training steps on synthetic batches already on the device: the model-only ceiling
   e2e     training steps fed by each of --loaders
 `--compare` = all three, then the ratios that matter: e2e ÷ model ceiling, dali ÷ pytorch.
-Warm-up steps are excluded; each figure is the median of --repeats timed windows.
+`--tune` = e2e on the first of --models for each point of a small grid of loader=dali settings;
+writes the fastest to conf/local/default.yaml (merged into what is there) and prints the table.
+
+Warm-up steps are excluded; each figure is the median of --repeats timed windows, and no window
+contains an epoch switch (if an epoch has too few steps left, the rest is drained and the next
+epoch warmed up first). What a switch costs (pipeline build, first batch) is reported apart.
+Epochs must be long for this: make the data with `make_synthetic_imagenet.py --links N`.
 
     python scripts/benchmark.py --compare --models resnet50 resnet18 --loaders dali pytorch \\
-        --compile off on --out bench/ -- data=imagenet data.root=data/synthetic loader.batch_size=256
-    python scripts/benchmark.py --modes loader --loaders dali_cpu --steps 3 --warmup 1 -- trainer.device=cpu ...
+        --compile off reduce-overhead --out bench/ -- data=imagenet data.root=data/synthetic
+    python scripts/benchmark.py --tune --models resnet18 -- data=imagenet data.root=data/synthetic
 
 Everything after `--` is a Hydra override of conf/ (as for train.py). Writes results.json,
-results.md and results.png (if matplotlib is installed) to --out.
+results.md and, with --plot, results.png (needs matplotlib) to --out.
 """
 
 from __future__ import annotations
@@ -22,28 +28,34 @@ import argparse
 import collections
 import itertools
 import json
+import os
 import platform
 import statistics
 import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+import torch
+import yaml
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
 
-import torch  # noqa: E402
-from hydra import compose, initialize_config_dir  # noqa: E402
-
-from dali_train.config import Config, load_config, register_configs  # noqa: E402
-from dali_train.data import build_loaders  # noqa: E402
-from dali_train.device import amp_dtype_for, configure_backends, select_device  # noqa: E402
-from dali_train.distributed import init_distributed, shutdown  # noqa: E402
-from dali_train.engine import TrainParts, train_step  # noqa: E402
-from dali_train.loss import build_loss  # noqa: E402
-from dali_train.models import build_model, wrap_for_training  # noqa: E402
-from dali_train.optim import build_optimizer, build_scheduler  # noqa: E402
+from dali_train.config import COMPILE_MODES, Config, load_config, register_configs
+from dali_train.data import build_loaders
+from dali_train.device import amp_dtype_for, configure_backends, select_device, set_cuda_max_connections
+from dali_train.distributed import init_distributed, shutdown
+from dali_train.engine import TrainParts, train_step
+from dali_train.loss import build_loss
+from dali_train.models import build_model, wrap_for_training
+from dali_train.optim import build_optimizer, build_scheduler
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 LOADERS = ("dali", "dali_cpu", "pytorch")  # the loaders a benchmark row or --variant can build on
+TUNE_GRID = {  # --tune's default grid: loader=dali's knobs that moved e2e img/s on the H200
+    "loader.num_threads": [4, 8, 12],
+    "loader.hw_decoder_load": [0.65, 1.0],
+    "loader.prefetch_queue_depth": [2, 3],
+}
 
 
 def make_cfg(overrides: list[str]) -> Config:
@@ -71,6 +83,7 @@ def make_train_parts(cfg: Config, dist, device, *, num_classes: int, updates_per
         sync_bn=tc.sync_bn,
         ema_decay=tc.ema_decay if tc.ema else None,
         compile=tc.compile,
+        compile_mode=tc.compile_mode,
     )
     loss_fn, mixup = build_loss(
         label_smoothing=tc.label_smoothing,
@@ -99,12 +112,12 @@ def make_train_parts(cfg: Config, dist, device, *, num_classes: int, updates_per
 
 class Endless:
     """Batches across epoch boundaries. Each boundary builds the next epoch's pipeline, as in
-    training; the time that takes is kept in `switch_s` so the timed windows can leave it out:
-    train.py builds the next pipeline before validation, so it does not stall training steps.
-    `results.json` reports it (epoch_switch_s) next to the steady-state rates."""
+    training; the time that takes is kept in `switch_s`. `left` counts the batches left in the
+    current epoch (None before the first), so that timed windows can stay inside one epoch."""
 
     def __init__(self, loader, hold: int = 0) -> None:
         self.loader, self.switch_s = loader, []
+        self.left: int | None = None
         self._batches = self._generate()
         self._held = collections.deque(maxlen=hold) if hold else None
 
@@ -113,7 +126,19 @@ class Endless:
             t = time.perf_counter()
             self.loader.set_epoch(epoch)
             self.switch_s.append(time.perf_counter() - t)
-            yield from self.loader
+            self.left = len(self.loader)
+            for batch in self.loader:
+                self.left -= 1
+                yield batch
+
+    def fits(self, steps: int) -> bool:
+        """Whether the next `steps` batches come from the current epoch (or a fresh one)."""
+        return self.left is None or self.left >= steps
+
+    def drain(self) -> None:
+        """Skip the rest of this epoch, so the next batch starts a new one."""
+        for _ in range(self.left or 0):
+            next(self._batches)
 
     def __next__(self):
         batch = next(self._batches)
@@ -130,6 +155,9 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+PROFILE_STEPS = 20  # batches in a --profile window
+
+
 def profile_window(batches, work, *, device, steps: int, out: Path, name: str) -> None:
     """torch.profiler over `steps` batches: the ops/kernels by device time, a gzipped Chrome trace,
     and `profile_summary.summarize` of it (per-stream busy time: CUPTI sees the whole process, so
@@ -137,8 +165,9 @@ def profile_window(batches, work, *, device, steps: int, out: Path, name: str) -
     import gzip
     import shutil
 
-    from profile_summary import load_events, summarize
     from torch.profiler import ProfilerActivity, profile, record_function
+
+    from dali_train.profiling import load_events, summarize
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with profile(activities=activities) as prof:
@@ -164,12 +193,23 @@ def timed_windows(
     batches: Endless, work, *, device, batch_size, world_size, steps, warmup, repeats, profile_to=None, name=""
 ) -> dict:
     """Run `work(images, labels)` per batch; time `repeats` windows of `steps` after `warmup`
-    (and, with `profile_to`, profile one more window after the timed ones). Rates count all ranks."""
-    for _ in range(warmup):
-        work(*next(batches))
-    sync(device)
+    (and, with `profile_to`, profile one more window after the timed ones). A window that would
+    cross an epoch's end starts after it instead, warmed up again. Rates count all ranks."""
+
+    def warm_up() -> None:
+        for _ in range(warmup):
+            work(*next(batches))
+        sync(device)
+
+    def align(n: int) -> None:
+        if not batches.fits(n):
+            batches.drain()
+            warm_up()
+
+    warm_up()
     rates, waits = [], []
     for _ in range(repeats):
+        align(steps)
         switches = len(batches.switch_s)
         wait, start = 0.0, time.perf_counter()
         for _ in range(steps):
@@ -178,17 +218,18 @@ def timed_windows(
             wait += time.perf_counter() - t
             work(images, labels)
         sync(device)
-        switch = sum(batches.switch_s[switches:])  # pipeline builds at epoch boundaries: left out
-        elapsed = time.perf_counter() - start - switch
+        assert len(batches.switch_s) == switches, "a timed window crossed an epoch switch"
+        elapsed = time.perf_counter() - start
         rates.append(steps * batch_size * world_size / elapsed)
-        waits.append((wait - switch) / elapsed)
+        waits.append(wait / elapsed)
     if profile_to is not None:
-        profile_window(batches, work, device=device, steps=min(steps, 20), out=profile_to, name=name)
+        align(PROFILE_STEPS)
+        profile_window(batches, work, device=device, steps=PROFILE_STEPS, out=profile_to, name=name)
     return {
         "img_s": statistics.median(rates),
         "img_s_all": rates,
         "data_wait_frac": statistics.median(waits),
-        "epoch_switch_s": statistics.median(batches.switch_s[1:]) if len(batches.switch_s) > 1 else None,
+        "epoch_switches": len(batches.switch_s) - 1,  # during warm-up and drains, never in a window
     }
 
 
@@ -200,8 +241,20 @@ def build_timing(loader) -> dict:
     return {"build_s": statistics.median(b for b, _ in times), "first_batch_s": statistics.median(f for _, f in times)}
 
 
+def fail(message: str) -> None:
+    """A one-line error and exit code 2, as train.py and argparse do."""
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
 def measure(loaders, work, cfg, dist, device, args, **profiling) -> dict:
     """Timed windows of `work` over the train loader's batches, plus its pipeline build times."""
+    needed = args.warmup + max(args.steps, PROFILE_STEPS if profiling.get("profile_to") else 0)
+    if len(loaders.train) < needed:
+        fail(
+            f"data.root={cfg.data.root}: an epoch has {len(loaders.train)} steps per process, a timed window needs "
+            f"{needed} (--warmup + --steps) inside one; make a longer set (make_synthetic_imagenet.py --links N)"
+        )
     result = timed_windows(
         Endless(loaders.train, hold=args.hold_batches),
         work,
@@ -232,7 +285,7 @@ def bench_training(cfg, dist, device, parts, loaders, args, loader_key: str) -> 
         device,
         args,
         profile_to=Path(args.profile) if args.profile else None,
-        name=f"{cfg.model.name}_{loader_key}_compile{int(cfg.trainer.compile)}"
+        name=f"{cfg.model.name}_{loader_key}_compile{cfg.trainer.compile_mode if cfg.trainer.compile else 'off'}"
         + (f"_rank{dist.rank}" if dist.enabled else ""),
     )
     if device.type == "cuda":
@@ -251,11 +304,16 @@ def say(dist, line: str) -> None:
         print(line, flush=True)
 
 
-def run(args, dist) -> list[dict]:
+def compile_overrides(compile_: str) -> list[str]:
+    """--compile off | MODE -> the trainer overrides."""
+    if compile_ == "off":
+        return ["trainer.compile=false"]
+    return ["trainer.compile=true", f"trainer.compile_mode={compile_}"]
+
+
+def run(args, dist, device) -> list[dict]:
     rows = []
     base = make_cfg(args.overrides)
-    device = select_device(base.trainer.device, dist)
-    configure_backends(device, deterministic=False, cudnn_benchmark=True)
     half = amp_dtype_for(base.trainer.amp, device) is not None
     if "loader" in args.modes:
         for name in args.loaders:
@@ -263,29 +321,71 @@ def run(args, dist) -> list[dict]:
             r = bench_loader(cfg, dist, device, half, args)
             rows.append({"mode": "loader", "loader": name, "model": "-", "compile": "-", **r})
             say(dist, f"loader-only {name}: {r['img_s']:.0f} img/s")
+    # The model-only loader yields enough batches that its windows never cross an epoch either.
+    synthetic_steps = args.warmup + args.repeats * args.steps + (PROFILE_STEPS if args.profile else 0)
     for model, compile_ in itertools.product(args.models, args.compile):
-        common = [*args.overrides, f"model.name={model}", f"trainer.compile={compile_ == 'on'}"]
+        common = [*args.overrides, f"model.name={model}", *compile_overrides(compile_)]
         loaders_by_name = {}
         if "model" in args.modes:
-            loaders_by_name["synthetic"] = make_cfg([*common, "loader=synthetic"])
+            loaders_by_name["synthetic"] = make_cfg(
+                [*common, "loader=synthetic", f"loader.synthetic_steps={synthetic_steps}"]
+            )
         if "e2e" in args.modes:
             for name in args.loaders:
                 loaders_by_name[name] = loader_cfg(args, common, name)
         parts = None
-        num_classes = None
         for name, cfg in loaders_by_name.items():
-            if name == "synthetic" and num_classes is not None:
-                cfg.loader.synthetic_num_classes = num_classes
             loaders = make_loaders(cfg, dist, device, half)
             if parts is None:  # one model per (model, compile): e2e and model-only share it
-                num_classes = loaders.num_classes
-                parts = make_train_parts(cfg, dist, device, num_classes=num_classes, updates_per_epoch=len(loaders.train))
+                parts = make_train_parts(
+                    cfg, dist, device, num_classes=loaders.num_classes, updates_per_epoch=len(loaders.train)
+                )
             r = bench_training(cfg, dist, device, parts, loaders, args, name)
             mode = "model" if name == "synthetic" else "e2e"
             rows.append({"mode": mode, "loader": name, "model": model, "compile": compile_, **r})
             rate = f"{r['img_s']:.0f} img/s, data wait {r['data_wait_frac']:.1%}"
             say(dist, f"{mode} {model} compile={compile_} {name}: {rate}")
     return rows
+
+
+def tune(args, dist, device) -> list[dict]:
+    """e2e img/s of the first --models (and --compile) for every point of --grid on loader=dali;
+    one model serves all points, so they differ only in the loader."""
+    model, compile_ = args.models[0], args.compile[0]
+    common = [*args.overrides, f"model.name={model}", *compile_overrides(compile_), "loader=dali"]
+    half = amp_dtype_for(make_cfg(common).trainer.amp, device) is not None
+    keys = list(args.grid)
+    rows, parts = [], None
+    for values in itertools.product(*args.grid.values()):
+        settings = dict(zip(keys, values, strict=True))
+        cfg = make_cfg([*common, *(f"{k}={v}" for k, v in settings.items())])
+        loaders = make_loaders(cfg, dist, device, half)
+        if parts is None:
+            parts = make_train_parts(
+                cfg, dist, device, num_classes=loaders.num_classes, updates_per_epoch=len(loaders.train)
+            )
+        label = " ".join(f"{k.removeprefix('loader.')}={v}" for k, v in settings.items())
+        r = bench_training(cfg, dist, device, parts, loaders, args, "dali")
+        rows.append({"mode": "tune", "loader": label, "model": model, "compile": compile_, "settings": settings, **r})
+        say(dist, f"tune {model} compile={compile_} {label}: {r['img_s']:.0f} img/s")
+        del loaders  # free this point's pipelines before the next builds
+    return rows
+
+
+def write_best(rows: list[dict], path: Path) -> str:
+    """Merge the fastest --tune point into `path`: conf/local/loader/dali.yaml, which loader=dali
+    reads after its own keys (its keys exist only in the DALI loaders' schema)."""
+    best = max(rows, key=lambda r: r["img_s"])
+    conf = OmegaConf.load(path) if path.is_file() else OmegaConf.create()
+    for key, value in best["settings"].items():
+        OmegaConf.update(conf, key.removeprefix("loader."), value, force_add=True)
+    header = (
+        f"# loader=dali: fastest e2e setting of `scripts/benchmark.py --tune` ({best['model']}, "
+        f"compile={best['compile']}, {best['img_s']:.0f} img/s, {time.strftime('%Y-%m-%d')}).\n"
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(header + OmegaConf.to_yaml(conf))
+    return f"best: {best['loader']} ({best['img_s']:.0f} img/s), written to {path}"
 
 
 def ratios(rows: list[dict]) -> list[str]:
@@ -313,6 +413,7 @@ def write_outputs(rows: list[dict], notes: list[str], out: Path, args, world_siz
         "python": platform.python_version(),
         "device": torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or "cpu",
         "processes": world_size,
+        "CUDA_DEVICE_MAX_CONNECTIONS": os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS"),
     }
     try:
         import nvidia.dali as dali
@@ -325,25 +426,37 @@ def write_outputs(rows: list[dict], notes: list[str], out: Path, args, world_siz
     )
     lines = [f"{k}: {v}" for k, v in env.items()] + [
         "",
-        "| mode | model | compile | loader | img/s | data wait | peak GiB | epoch switch s |",
-        "|---|---|---|---|---:|---:|---:|---:|",
+        "| mode | model | compile | loader | img/s | windows | data wait | peak GiB | build s | first batch s |",
+        "|---|---|---|---|---:|---|---:|---:|---:|---:|",
     ]
-    for r in rows:
-        mem = f"{r['peak_mem_gib']:.1f}" if "peak_mem_gib" in r else "-"
-        switch = f"{r['epoch_switch_s']:.2f}" if r.get("epoch_switch_s") is not None else "-"
-        lines.append(
-            f"| {r['mode']} | {r['model']} | {r['compile']} | {r['loader']} | {r['img_s']:.0f} | "
-            f"{r['data_wait_frac']:.1%} | {mem} | {switch} |"
-        )
-    lines += [""] + [f"- {n}" for n in notes]
-    (out / "results.md").write_text("\n".join(lines) + "\n")
-    try:
-        import matplotlib
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return
+    def num(r: dict, key: str, fmt: str) -> str:
+        return format(r[key], fmt) if r.get(key) is not None else "-"
+
+    for r in rows:
+        windows = " ".join(f"{v:.0f}" for v in r["img_s_all"])
+        lines.append(
+            f"| {r['mode']} | {r['model']} | {r['compile']} | {r['loader']} | {r['img_s']:.0f} | {windows} | "
+            f"{r['data_wait_frac']:.1%} | {num(r, 'peak_mem_gib', '.1f')} | {num(r, 'build_s', '.2f')} | "
+            f"{num(r, 'first_batch_s', '.2f')} |"
+        )
+    lines += [
+        "",
+        "img/s: median of the timed windows (each listed), none containing an epoch switch; build s and first batch s:",
+        "what an epoch switch costs (the pipeline is rebuilt per epoch; train.py does it during validation).",
+        "",
+    ] + [f"- {n}" for n in notes]
+    (out / "results.md").write_text("\n".join(lines) + "\n")
+    if args.plot:
+        plot(rows, out / "results.png", env["device"])
+
+
+def plot(rows: list[dict], path: Path, device: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     labels = [f"{r['mode']}\n{r['model']}/{r['compile']}\n{r['loader']}" for r in rows]
     fig, ax = plt.subplots(figsize=(max(6, len(rows) * 1.1), 4))
     ax.bar(
@@ -353,9 +466,9 @@ def write_outputs(rows: list[dict], notes: list[str], out: Path, args, world_siz
     )
     ax.set_xticks(range(len(rows)), labels, fontsize=7)
     ax.set_ylabel("images / s")
-    ax.set_title(f"dali-train benchmark ({env['device']})")
+    ax.set_title(f"dali-train benchmark ({device})")
     fig.tight_layout()
-    fig.savefig(out / "results.png", dpi=120)
+    fig.savefig(path, dpi=120)
 
 
 def parse_args(argv: list[str]):
@@ -377,9 +490,11 @@ def parse_args(argv: list[str]):
         help="keep the last N batches referenced (diagnostic: does releasing a DALI batch wait for the GPU?)",
     )
     ap.add_argument("--models", nargs="+", default=["resnet50"], help="timm model names")
-    ap.add_argument("--compile", nargs="+", default=["off"], choices=["off", "on"])
-    ap.add_argument("--steps", type=int, default=50, help="batches per timed window")
-    ap.add_argument("--warmup", type=int, default=20, help="batches before timing (cudnn autotune, compile)")
+    ap.add_argument(
+        "--compile", nargs="+", default=["off"], choices=["off", *COMPILE_MODES], help="off or a torch.compile mode"
+    )
+    ap.add_argument("--steps", type=int, default=100, help="batches per timed window")
+    ap.add_argument("--warmup", type=int, default=30, help="batches before timing (cudnn autotune, compile, refill)")
     ap.add_argument("--repeats", type=int, default=3, help="timed windows; the median is reported")
     ap.add_argument(
         "--loader-set",
@@ -389,7 +504,22 @@ def parse_args(argv: list[str]):
         help="an override for one loader only, e.g. pytorch:loader.num_workers=16",
     )
     ap.add_argument("--out", default="outputs/benchmark", help="folder for results.{json,md,png}")
+    ap.add_argument("--plot", action="store_true", help="also write results.png (needs matplotlib)")
     ap.add_argument("--profile", metavar="DIR", help="also profile 20 training steps of each model/e2e run into DIR")
+    ap.add_argument("--tune", action="store_true", help="e2e over --grid on loader=dali; write the best to --local")
+    ap.add_argument(
+        "--grid",
+        nargs="+",
+        metavar="KEY=V1,V2",
+        default=[f"{k}={','.join(map(str, v))}" for k, v in TUNE_GRID.items()],
+        help="--tune's grid (default: %(default)s)",
+    )
+    ap.add_argument(
+        "--local",
+        type=Path,
+        default=CONF / "local" / "loader" / "dali.yaml",
+        help="where --tune merges the best (git-ignored; loader=dali reads it)",
+    )
     own, _, overrides = (argv + ["--"])[: (argv + ["--"]).index("--")], None, argv[(argv + ["--"]).index("--") + 1 :]
     args = ap.parse_args(own)
     args.overrides = overrides
@@ -411,19 +541,29 @@ def parse_args(argv: list[str]):
         args.loader_overrides.setdefault(name, []).append(kv)
     if args.compare:
         args.modes = ["loader", "model", "e2e"]
+    grid = {}
+    for item in args.grid:
+        key, _, values = item.partition("=")
+        if not key.startswith("loader.") or not values:
+            ap.error(f"--grid {item}: expected loader.KEY=V1,V2,...")
+        grid[key] = [yaml.safe_load(v) for v in values.split(",")]  # "8" -> 8: numbers in the written file
+    args.grid = grid
     return args
 
 
 def main() -> None:
     args = parse_args(sys.argv[1:])
+    base = make_cfg(args.overrides)
+    set_cuda_max_connections(base.trainer.cuda_max_connections)  # before anything starts CUDA, as in train.py
     dist = init_distributed()  # under torchrun: one process per GPU, DDP; rates count all ranks
-    rows = run(args, dist)
+    device = select_device(base.trainer.device, dist)
+    configure_backends(device, deterministic=False, cudnn_benchmark=True)
+    rows = tune(args, dist, device) if args.tune else run(args, dist, device)
     shutdown()
     if not dist.is_main:
         return
-    notes = ratios(rows)
+    notes = ratios(rows) + ([write_best(rows, args.local)] if args.tune else [])
     write_outputs(rows, notes, Path(args.out), args, world_size=dist.world_size)
-    print("\n".join(notes))
     print((Path(args.out) / "results.md").read_text())
 
 

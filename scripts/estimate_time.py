@@ -17,15 +17,14 @@ import json
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))  # run from a checkout without installing
+from hydra import compose, initialize_config_dir
 
-from hydra import compose, initialize_config_dir  # noqa: E402
-
-from dali_train.config import register_configs  # noqa: E402
-from dali_train.data import progressive_size  # noqa: E402
+from dali_train.config import register_configs
+from dali_train.data import progressive_size
 
 IMAGENET_TRAIN = 1_281_167
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def measured_img_s(benchmark: Path, model: str) -> float:

@@ -1,88 +1,115 @@
 #!/usr/bin/env python
-"""Startup cost at ImageNet scale: listing + pre-flight check of N files, and the DALI pipeline build.
+"""Startup and epoch-switch cost at ImageNet scale, on a link farm of --entries train files.
 
-Makes (once) a tree of N small JPEGs in 1000 class folders, then times what train.py does before
-its first step: `scan_dataset` (directory listing and the two-read header/trailer check of every
-file, in threads) and building the train pipeline over the whole list until its first batch.
+Makes (once, kept at --root for reruns) --classes class folders with a few real JPEGs each, linked
+to --entries train entries (ImageNet: 1.28M in 1,000 classes) and 50 val entries per class. Then
+times what train.py does before its first step and at every epoch switch, with the app's config
+(`loader=dali`, its defaults; everything after `--` is a Hydra override):
+  listing            scan_dataset: the class folders' directory listing
+  pre-flight check   find_bad_files: the header/trailer read of every entry, in threads
+  first batch        train pipeline build over the whole list + its first batch (epoch 0)
+  epoch switch       set_epoch(1): the next epoch's order, file list and pipeline build + first batch
+and the peak host memory of the process (ru_maxrss) after each.
 
-    python scripts/measure_startup.py --files 100000 --root /tmp/startup-100k
+    python scripts/measure_startup.py --root /tmp/farm-1.28M --json startup.json
+    python scripts/measure_startup.py --root /tmp/farm --entries 20000 --classes 100 -- trainer.device=cpu
 """
 
 from __future__ import annotations
 
 import argparse
-import io
-import shutil
+import json
+import resource
 import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+from hydra import compose, initialize_config_dir
 
-import torch  # noqa: E402
+from dali_train.config import load_config, register_configs
+from dali_train.data import build_loaders
+from dali_train.data.folder import find_bad_files, scan_dataset
+from dali_train.data.sample import link_copies, make_image_folder
+from dali_train.device import amp_dtype_for, select_device, set_cuda_max_connections
+from dali_train.distributed import DistInfo
 
-from dali_train.config import DaliLoaderConfig  # noqa: E402
-from dali_train.data.dali import DaliLoader, Placement, Transform  # noqa: E402
-from dali_train.data.folder import scan_dataset  # noqa: E402
-from dali_train.data.sample import synthetic_image  # noqa: E402
-from dali_train.distributed import DistInfo  # noqa: E402
+CONF = Path(__file__).resolve().parents[1] / "conf"
 
 
-def make_tree(root: Path, files: int, classes: int) -> None:
-    buf = io.BytesIO()
-    synthetic_image(0, "train", 0, 0, 10, 64, 48, 8).save(buf, format="JPEG", quality=85)
-    data = buf.getvalue()
-    per_class = files // classes
-    for split, n in (("train", per_class), ("val", max(1, per_class // 20))):
-        for c in range(classes):
-            d = root / split / f"n{c:08d}"
-            d.mkdir(parents=True, exist_ok=True)
-            for i in range(n):
-                (d / f"{i:06d}.JPEG").write_bytes(data)
+def peak_rss_gib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+
+
+def make_farm(root: Path, entries: int, classes: int, jpegs: int, workers: int) -> None:
+    per_class = max(entries // classes, jpegs)
+    make_image_folder(root, num_classes=classes, train_per_class=jpegs, val_per_class=1, width=500, height=375,
+                      noise=36.0, workers=workers)  # fmt: skip
+    link_copies(root, "train", per_class // jpegs)
+    link_copies(root, "val", 50)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--files", type=int, default=100_000, help="train files (val adds 5%%)")
+    ap.add_argument("--root", required=True, help="the link farm (made if it has no val/; kept for reruns)")
+    ap.add_argument("--entries", type=int, default=1_280_000, help="train entries (default 1,280,000)")
     ap.add_argument("--classes", type=int, default=1000)
-    ap.add_argument("--root", default="/tmp/dali-train-startup", help="where the tree is made (kept for reruns)")
-    ap.add_argument("--clean", action="store_true", help="delete the tree afterwards")
-    args = ap.parse_args()
+    ap.add_argument("--jpegs-per-class", type=int, default=4, help="real train JPEGs per class (the rest are links)")
+    ap.add_argument("--workers", type=int, default=8, help="processes that write the JPEGs")
+    ap.add_argument("--json", type=Path, help="also write the results here")
+    argv = sys.argv[1:]
+    cut = argv.index("--") if "--" in argv else len(argv)
+    args, overrides = ap.parse_args(argv[:cut]), argv[cut + 1 :]
     root = Path(args.root)
     if not (root / "val").is_dir():
         t = time.perf_counter()
-        make_tree(root, args.files, args.classes)
-        print(f"made {args.files} files in {time.perf_counter() - t:.1f} s (not part of startup)")
+        make_farm(root, args.entries, args.classes, args.jpegs_per_class, args.workers)
+        print(f"made the link farm in {time.perf_counter() - t:.1f} s (not part of startup)", flush=True)
+
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        overrides = ["data=imagenet", f"data.root={root}", "data.verify_files=false", *overrides]
+        cfg = load_config(compose("config", overrides=overrides))
+    set_cuda_max_connections(cfg.trainer.cuda_max_connections)
+    dist = DistInfo(0, 0, 1)
+    device = select_device(cfg.trainer.device, dist)
+    result: dict = {"root": str(root), "device": str(device), "loader": cfg.loader.name}
+
+    def phase(name: str, started: float) -> None:
+        result[f"{name}_s"] = time.perf_counter() - started
+        result[f"{name}_peak_rss_gib"] = peak_rss_gib()
+        print(
+            f"{name}: {result[f'{name}_s']:.1f} s, peak host memory {result[f'{name}_peak_rss_gib']:.2f} GiB",
+            flush=True,
+        )
+
     t = time.perf_counter()
-    ds = scan_dataset(str(root), verify=False)
-    listing = time.perf_counter() - t
+    dataset = scan_dataset(str(root), verify=False)
+    result.update(train_entries=len(dataset.train), val_entries=len(dataset.val))
+    phase("listing", t)
     t = time.perf_counter()
-    ds = scan_dataset(str(root), verify=True)
-    scan = time.perf_counter() - t
-    settings = DaliLoaderConfig(name="dali_cpu", num_threads=4, device_memory_padding=0, host_memory_padding=0)
-    transform = Transform((0.08, 1.0), (0.75, 4 / 3), 73, 64, (0.5,) * 3, (0.25,) * 3, False, False)
-    t = time.perf_counter()
-    loader = DaliLoader(
-        ds.train,
-        train=True,
-        batch_size=256,
-        dist=DistInfo(0, 0, 1),
-        device=torch.device("cpu"),
-        placement=Placement("cpu", False, None),
-        settings=settings,
-        transform=transform,
-        seed=0,
-        train_size_at=lambda e: 64,
+    bad = find_bad_files(dataset.train.files + dataset.val.files)
+    result["bad_files"] = len(bad)
+    phase("preflight_check", t)
+    half = amp_dtype_for(cfg.trainer.amp, device) is not None
+    loaders = build_loaders(
+        cfg.data, cfg.loader, dist, device, half=half, channels_last=cfg.trainer.channels_last, seed=cfg.seed
     )
-    loader.set_epoch(0)
-    next(iter(loader))
-    build = time.perf_counter() - t
+    t = time.perf_counter()
+    loaders.train.set_epoch(0)
+    next(iter(loaders.train))
+    phase("first_batch", t)
+    t = time.perf_counter()
+    loaders.train.set_epoch(1)
+    next(iter(loaders.train))
+    phase("epoch_switch", t)
+    result["startup_s"] = result["listing_s"] + result["preflight_check_s"] + result["first_batch_s"]
     print(
-        f"{len(ds.train) + len(ds.val)} files: listing {listing:.1f} s; listing + pre-flight check {scan:.1f} s; "
-        f"DALI train pipeline build + first batch {build:.1f} s"
+        f"{result['train_entries']} train + {result['val_entries']} val entries: startup (listing + check + first "
+        f"batch) {result['startup_s']:.1f} s; epoch switch {result['epoch_switch_s']:.1f} s; "
+        f"peak host memory {peak_rss_gib():.2f} GiB"
     )
-    if args.clean:
-        shutil.rmtree(root)
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=1))
 
 
 if __name__ == "__main__":

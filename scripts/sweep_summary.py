@@ -14,9 +14,7 @@ import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
-
-from dali_train.sweep import write_sweep_summary  # noqa: E402
+from dali_train.sweep import write_sweep_summary
 
 
 def main() -> None:

@@ -21,12 +21,11 @@ import sys
 import time
 from pathlib import Path
 
+from hydra.core.override_parser.overrides_parser import OverridesParser
+
+from dali_train.sweep import write_sweep_summary
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))  # run from a checkout without installing
-
-from hydra.core.override_parser.overrides_parser import OverridesParser  # noqa: E402
-
-from dali_train.sweep import write_sweep_summary  # noqa: E402
 
 
 def expand(overrides: list[str]) -> list[list[str]]:

@@ -24,6 +24,7 @@ from dali_train.config import (
 from dali_train.data.folder import DatasetError, ImageFolderDataset, find_bad_files, scan_dataset, warn_excluded
 from dali_train.data.order import padding_per_epoch, steps_per_epoch
 from dali_train.data.sample import make_image_folder
+from dali_train.data.transform import Transform
 from dali_train.distributed import DistInfo, all_gather_lists, barrier
 
 log = logging.getLogger(__name__)
@@ -122,8 +123,6 @@ def build_loaders(
     """Train and val loaders of `loader` (its option's schema) over `data`, on `device`.
 
     half: fp16 images (AMP); channels_last: NHWC on CUDA; seed: the run's base seed."""
-    from dali_train.data.dali import Transform
-
     channels_last = device.type == "cuda" and channels_last
     if loader.name == "synthetic":
         return _synthetic(data, loader, dist, device=device, half=half, channels_last=channels_last, seed=seed)

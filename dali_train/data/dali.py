@@ -27,6 +27,7 @@ from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
 from dali_train.config import DaliLoaderConfig
 from dali_train.data.folder import EXCLUDE_HINT, DatasetError, Split
 from dali_train.data.order import EpochOrder, contiguous_shard, epoch_order, steps_per_epoch
+from dali_train.data.transform import Transform
 from dali_train.distributed import DistInfo
 
 log = logging.getLogger(__name__)
@@ -43,22 +44,6 @@ class Placement:
         if device.type != "cuda":
             return Placement("cpu", False, None)
         return Placement("mixed" if loader_name == "dali" else "cpu", True, device.index or 0)
-
-
-@dataclass(frozen=True)
-class Transform:
-    """What the images look like after the pipeline."""
-
-    crop_scale: tuple[float, float]  # random-resized-crop area range (train)
-    crop_ratio: tuple[float, float]  # aspect-ratio range (train)
-    val_resize: int  # shorter side before the center crop (val)
-    val_size: int  # center crop side (val)
-    mean: tuple[float, float, float]  # 0..1 scale
-    std: tuple[float, float, float]
-    half: bool  # fp16 output (AMP); DALI has no bf16 type, autocast converts at the first layer
-    channels_last: bool  # HWC output, handed to torch as an NCHW view with channels_last strides
-    random_crop: bool = True  # train: random-resized crop; False = the whole image squished to the train size
-    val_resize_whole: bool = False  # val: squish the whole image to val_resize² (else its shorter side) before the crop
 
 
 def _decoder_kwargs(placement: Placement, s: DaliLoaderConfig) -> dict:

@@ -16,9 +16,9 @@ from torch.utils.data import DataLoader, Dataset
 from torchvision import transforms as T
 from torchvision.datasets.folder import default_loader
 
-from dali_train.data.dali import Transform
 from dali_train.data.folder import EXCLUDE_HINT, DatasetError, Split
 from dali_train.data.order import contiguous_shard, epoch_order, steps_per_epoch
+from dali_train.data.transform import Transform
 from dali_train.distributed import DistInfo
 
 

@@ -1,4 +1,4 @@
-"""scripts/benchmark.py's loader variants, profiling and torchrun mode, and profile_summary's arithmetic."""
+"""scripts/benchmark.py's loader variants, windows, --tune, profiling and torchrun mode, and the profile summary."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ import json
 import subprocess
 import sys
 
-from tests.conftest import REPO, launch_env
+import yaml
 
-sys.path.insert(0, str(REPO / "scripts"))
-from profile_summary import summarize  # noqa: E402
+from dali_train.profiling import summarize
+from tests.conftest import REPO, launch_env
 
 CPU_RUN = ["trainer.device=cpu", "data=imagenet", "data.train_size=32", "loader.batch_size=8"]
 THREADS = ["--loader-set", "dali_cpu:loader.num_threads=1"]  # a key of the DALI loaders only: set per loader
@@ -24,7 +24,7 @@ def benchmark(args: list, *, nproc: int = 1, check: bool = True) -> subprocess.C
         capture_output=True,
         text=True,
         timeout=300,
-        env=launch_env(),
+        env={**launch_env(), "PYTHONPATH": str(REPO)},  # this checkout's package, installed or not
     )
     if check and proc.returncode:
         raise AssertionError(proc.stdout[-3000:] + proc.stderr[-3000:])
@@ -73,10 +73,10 @@ def test_variants_hold_and_profile_on_cpu(sample_root, tmp_path):
     ]
     assert all(r["build_s"] > 0 and r["first_batch_s"] > 0 for r in rows)  # the DALI pipelines were timed
     assert sorted(p.name for p in prof.glob("profile_*.txt")) == [
-        "profile_resnet18_dali_cpu_compile0.txt",
-        "profile_resnet18_deep_compile0.txt",
+        "profile_resnet18_dali_cpu_compileoff.txt",
+        "profile_resnet18_deep_compileoff.txt",
     ]
-    assert (prof / "trace_resnet18_deep_compile0.json.gz").is_file()
+    assert (prof / "trace_resnet18_deep_compileoff.json.gz").is_file()
     assert "no GPU activity" in proc.stdout  # the summary of a CPU run says so
 
 
@@ -109,6 +109,52 @@ def test_profile_summary_names_a_file_that_is_no_trace(tmp_path):
     (tmp_path / "t.json").write_text("{}")
     for path in (tmp_path / "t.json", tmp_path / "missing.json.gz"):
         proc = subprocess.run(
-            [sys.executable, str(REPO / "scripts" / "profile_summary.py"), str(path)], capture_output=True, text=True
+            [sys.executable, str(REPO / "scripts" / "profile_summary.py"), str(path)],
+            capture_output=True,
+            text=True,
+            env={**launch_env(), "PYTHONPATH": str(REPO)},
         )
         assert proc.returncode == 2 and f"{path}: not a readable torch.profiler Chrome trace" in proc.stderr
+
+
+def test_windows_stay_inside_one_epoch(sample_root, tmp_path):
+    """400 files / batch 8 = 50 steps per epoch: windows of 20 after 5 warm-up steps fit twice in an
+    epoch, the third starts after a drained switch; an epoch shorter than warm-up + window is refused."""
+    out = tmp_path / "bench"
+    benchmark(
+        ["--modes", "loader", "model", "--models", "resnet18", "--loaders", "dali_cpu", "--steps", 20, "--warmup", 5,
+         "--repeats", 3, "--out", out, "--", *CPU_RUN, "loader.num_threads=2", f"data.root={sample_root}"]
+    )  # fmt: skip
+    loader, model = json.loads((out / "results.json").read_text())["rows"]
+    assert len(loader["img_s_all"]) == 3 and loader["epoch_switches"] == 1  # drained once, outside any window
+    assert model["epoch_switches"] == 0  # the model-only loader is made long enough
+    assert "build s" in (out / "results.md").read_text()
+    proc = benchmark(
+        ["--modes", "loader", "--loaders", "dali_cpu", "--steps", 60, "--warmup", 1, "--out", out,
+         "--", *CPU_RUN, f"data.root={sample_root}"],
+        check=False,
+    )  # fmt: skip
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert proc.returncode == 2 and len(errors) == 1 and "an epoch has 50 steps per process" in errors[0]
+
+
+def test_tune_measures_the_grid_end_to_end_and_merges_the_best(sample_root, tmp_path):
+    local = tmp_path / "local" / "loader" / "dali.yaml"  # loader=dali's local file: its keys are DALI's
+    local.parent.mkdir(parents=True)
+    local.write_text("exec_dynamic: false\n")
+    out = tmp_path / "bench"
+    proc = benchmark(
+        ["--tune", "--models", "resnet18", "--grid", "loader.num_threads=1,2", "loader.prefetch_queue_depth=2",
+         "--steps", 2, "--warmup", 1, "--repeats", 1, "--local", local, "--out", out,
+         "--", *CPU_RUN, f"data.root={sample_root}"]
+    )  # fmt: skip
+    rows = json.loads((out / "results.json").read_text())["rows"]
+    assert [r["settings"] for r in rows] == [
+        {"loader.num_threads": 1, "loader.prefetch_queue_depth": 2},
+        {"loader.num_threads": 2, "loader.prefetch_queue_depth": 2},
+    ]
+    best = max(rows, key=lambda r: r["img_s"])["settings"]
+    written = yaml.safe_load(local.read_text())
+    assert written == {"exec_dynamic": False, "num_threads": best["loader.num_threads"], "prefetch_queue_depth": 2}
+    assert local.read_text().startswith("# loader=dali: fastest") and "written to" in proc.stdout
+    assert "| tune | resnet18 | off | num_threads=1 prefetch_queue_depth=2 |" in proc.stdout

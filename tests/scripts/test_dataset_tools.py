@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -13,7 +14,7 @@ from PIL import Image
 
 from dali_train.data.folder import scan_dataset
 from dali_train.data.sample import synthetic_image
-from tests.conftest import REPO  # noqa: F401 - sample_root comes from conftest
+from tests.conftest import REPO, launch_env
 from tests.data.damage import damage_scan_data
 from tests.data.test_folder import bad_tree, make_tree  # noqa: F401 - fixture reused
 from tests.data.test_loaders import SMALL, loaders
@@ -34,7 +35,11 @@ SCRIPTS = [
 
 def script(name: str, *args, check: bool = True) -> subprocess.CompletedProcess:
     proc = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / name), *map(str, args)], capture_output=True, text=True, timeout=300
+        [sys.executable, str(REPO / "scripts" / name), *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(REPO)},  # this checkout's package, installed or not
     )
     if check and proc.returncode:
         raise AssertionError(proc.stdout + proc.stderr)
@@ -204,3 +209,52 @@ def test_benchmark_cpu_smoke(sample_root, tmp_path):
     ]
     assert all(r["img_s"] > 0 and 0 <= r["data_wait_frac"] <= 1 for r in rows)
     assert "e2e dali_cpu ÷ model-only" in proc.stdout and (out / "results.md").is_file()
+
+
+def test_split_holdout_takes_a_seeded_share_of_each_class_and_never_val(sample_root, tmp_path):
+    dst = tmp_path / "holdout"
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "split_holdout.py"), str(sample_root), str(dst), "--fraction", "0.25"],
+        capture_output=True,
+        text=True,
+        env=launch_env(),
+    )
+    assert proc.returncode == 0, proc.stderr
+    train = {p.name: p.resolve() for p in dst.glob("train/*/*")}
+    held = {p.name: p.resolve() for p in dst.glob("val/*/*")}
+    assert len(train) == 300 and len(held) == 100 and not set(train) & set(held)  # 40 per class: 30 + 10
+    assert all(p.parent.parent == (sample_root / "train").resolve() for p in [*train.values(), *held.values()])
+    for cls in (sample_root / "train").iterdir():
+        assert len(list((dst / "val" / cls.name).iterdir())) == 10
+    again = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "split_holdout.py"), str(sample_root), str(dst)],
+        capture_output=True,
+        text=True,
+        env=launch_env(),
+    )
+    assert again.returncode != 0 and again.stderr.strip().startswith(f"error: {dst}: exists")
+
+
+def test_make_synthetic_imagenet_links_make_long_epochs(tmp_path):
+    out = tmp_path / "farm"
+    proc = script("make_synthetic_imagenet.py", "--out", out, "--classes", 2, "--train-per-class", 3,
+                  "--val-per-class", 1, "--width", 64, "--height", 48, "--links", 4, "--workers", 1)  # fmt: skip
+    assert "train: 24 entries (4 per JPEG)" in proc.stdout
+    ds = scan_dataset(str(out), verify=True)  # symlinks pass the pre-flight check like files
+    assert len(ds.train) == 24 and len(ds.val) == 2
+    links = [Path(f) for f in ds.train.files if Path(f).is_symlink()]
+    assert len(links) == 18 and all(not os.readlink(f).startswith("/") for f in links)  # relative: the farm moves
+    assert {Path(f).resolve().name for f in ds.train.files} == {f.name for f in out.glob("train/*/*.JPEG") if not f.is_symlink()}
+    assert script("make_synthetic_imagenet.py", "--out", tmp_path / "x", "--links", 0, check=False).returncode != 0
+
+
+def test_measure_startup_on_a_small_link_farm(tmp_path):
+    out = tmp_path / "startup.json"
+    proc = script("measure_startup.py", "--root", tmp_path / "farm", "--entries", 200, "--classes", 10,
+                  "--jpegs-per-class", 2, "--workers", 1, "--json", out,
+                  "--", "trainer.device=cpu", "loader.batch_size=16", "loader.num_threads=1")  # fmt: skip
+    result = json.loads(out.read_text())
+    assert result["train_entries"] == 200 and result["val_entries"] == 500 and result["bad_files"] == 0
+    for phase in ("listing", "preflight_check", "first_batch", "epoch_switch"):
+        assert result[f"{phase}_s"] > 0 and result[f"{phase}_peak_rss_gib"] > 0.1
+    assert "200 train + 500 val entries: startup" in proc.stdout

@@ -1,0 +1,146 @@
+#!/usr/bin/env bash
+# The measurements behind docs/benchmarks.md, reproducible in one command of under 10 minutes
+# (a 16-core host with 1 or 2 H200s), from generating the data to the summary table:
+#   bash scripts/gpu_benchmark.sh 1gpu OUTDIR   # ResNet-18 eager and compiled (reduce-overhead), ResNet-50
+#                                               # eager: model-only vs e2e dali; train.py 2 epochs; startup
+#                                               # on a 1.28M-entry link farm
+#   bash scripts/gpu_benchmark.sh 2gpu OUTDIR   # ResNet-18 and ResNet-50 eager on 1 GPU and on 2 (torchrun):
+#                                               # scaling; train.py 2 epochs on 2 GPUs
+# Data: 100 classes x 200 synthetic ImageNet-like JPEGs (500x375, ~110 KB) linked 8x (2gpu: 16x), so an
+# epoch is 625 steps of 256 per GPU; no timed window contains an epoch switch (benchmark.py). Windows:
+# 100 steps after 30 warm-up steps, median of 3. OUTDIR gets at most 7 files: gpu_benchmark_MODE.log
+# (everything printed), summary.md (the tables docs/benchmarks.md shows) and the raw JSON they come from.
+# Needs torch, timm, DALI and Hydra importable; runs this checkout's package (PYTHONPATH).
+# SMOKE=1 runs the same steps on CPU with tiny data and windows (a check of the script, no GPU needed).
+set -uo pipefail
+MODE=${1:?1gpu or 2gpu}
+OUT=${2:?output folder}
+[[ $MODE =~ ^(1gpu|2gpu)$ ]] || { echo "error: mode $MODE: expected 1gpu or 2gpu" >&2; exit 2; }
+mkdir -p "$OUT"
+exec > >(tee "$OUT/gpu_benchmark_$MODE.log") 2>&1
+export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1
+NCPU=$(nproc)
+LINKS=$([ "$MODE" = 2gpu ] && echo 16 || echo 8)  # >= 500 steps per epoch per GPU at batch 256
+SIZE="--classes 100 --train-per-class 200 --val-per-class 10"
+FARM="--root /tmp/gpu-benchmark-farm-1.28M" FARM_OVERRIDES=""
+DATA=/tmp/gpu-benchmark-data-x$LINKS
+RUNS=/tmp/gpu-benchmark-runs  # full run dirs stay here; OUTDIR gets the few files above
+COMMON="data=imagenet data.root=$DATA loader.batch_size=256 trainer.amp=bf16 trainer.channels_last=true"
+WINDOWS="--steps 100 --warmup 30 --repeats 3"
+if [ "${SMOKE:-0}" = 1 ]; then
+  SIZE="--classes 4 --train-per-class 8 --val-per-class 2 --width 64 --height 48"
+  FARM="--root /tmp/gpu-benchmark-smoke-farm --entries 200 --classes 10 --jpegs-per-class 2"
+  FARM_OVERRIDES="trainer.device=cpu loader.batch_size=16"
+  DATA=/tmp/gpu-benchmark-smoke-x$LINKS RUNS=/tmp/gpu-benchmark-smoke-runs WINDOWS="--steps 2 --warmup 1 --repeats 2"
+  COMMON="data=imagenet data.root=$DATA loader.batch_size=8 trainer.device=cpu data.train_size=32 data.val_resize=36 \
+data.val_size=32 trainer.max_val_steps=2 trainer.max_steps_per_epoch=3"
+  DALI_SMOKE="loader.num_threads=1"  # a key of the DALI loaders only: not in COMMON, which model-only (synthetic) runs get
+  nvidia-smi() { echo "SMOKE=1: CPU"; }
+fi
+step() { echo "=== $* ($(date +%T), $SECONDS s)"; }
+quiet() { grep -vE "^\s*$|[Ww]arning|warn\(" || true; }  # library warnings out of the log
+
+step "versions"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+python -c "import sys, torch, timm, hydra, nvidia.dali as d; print('python', sys.version.split()[0], 'torch', torch.__version__, \
+'timm', timm.__version__, 'hydra', hydra.__version__, 'dali', d.__version__)"
+echo "app: $(git rev-parse --short HEAD 2>/dev/null || echo 'not a git checkout'); $NCPU CPU cores;" \
+  "CUDA_DEVICE_MAX_CONNECTIONS=${CUDA_DEVICE_MAX_CONNECTIONS:-unset (the app sets trainer.cuda_max_connections=32)}"
+
+if [ ! -d "$DATA/val" ]; then
+  step "data: $SIZE, train linked ${LINKS}x"
+  python scripts/make_synthetic_imagenet.py --out "$DATA" $SIZE --links "$LINKS" --workers "$NCPU" 2>&1 | tail -2
+fi
+rm -rf "$RUNS"; mkdir -p "$RUNS"
+
+bench() {  # NAME TIMEOUT [LAUNCHER...] -- BENCHMARK ARGS: results.json -> OUT/NAME.json
+  local name=$1 limit=$2; shift 2
+  local launcher=(); while [ "$1" != "--" ]; do launcher+=("$1"); shift; done; shift
+  step "benchmark $name: ${launcher[*]} $*"
+  timeout "$limit" "${launcher[@]}" scripts/benchmark.py "$@" $WINDOWS ${DALI_SMOKE:+--loader-set dali:$DALI_SMOKE} \
+    --out "$RUNS/$name" -- $COMMON \
+    data.verify_files=false 2>&1 | quiet | grep -vE "^(date|torch|python|device|processes|dali|CUDA_DEVICE)"
+  cp "$RUNS/$name/results.json" "$OUT/$name.json" 2>/dev/null || echo "benchmark $name: no results (timeout $limit s?)"
+}
+
+train() {  # NAME TIMEOUT LAUNCHER...: train.py, 2 epochs of the long set, ResNet-18 eager
+  local name=$1 limit=$2; shift 2
+  step "train.py $name: $* 2 epochs, resnet18"
+  timeout "$limit" "$@" train.py $COMMON $DALI_SMOKE model=resnet18 trainer.epochs=2 trainer.log_every_n_steps=125 \
+    hydra.run.dir="$RUNS/$name" 2>&1 | grep -E "data:|epoch [0-9]+:|done:|rror|CUDA_DEVICE" | tail -8
+  cp "$RUNS/$name/metrics.jsonl" "$OUT/$name.metrics.jsonl" 2>/dev/null || echo "train.py $name: no metrics"
+}
+
+if [ "$MODE" = 1gpu ]; then
+  export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
+  bench rn18 200 python -- --modes model e2e --loaders dali --models resnet18 --compile off reduce-overhead
+  bench rn50 110 python -- --modes model e2e --loaders dali --models resnet50 --compile off
+  train train 110 python
+  step "startup on a 1.28M-entry link farm (1,000 classes): listing, pre-flight check, first batch, epoch switch"
+  timeout 120 python scripts/measure_startup.py $FARM --workers "$NCPU" --json "$OUT/startup.json" \
+    -- $FARM_OVERRIDES 2>&1 | quiet | tail -7
+else
+  bench one_gpu 130 env CUDA_VISIBLE_DEVICES=0 python -- --modes model e2e --loaders dali --models resnet18 resnet50
+  bench two_gpus 160 torchrun --standalone --nproc_per_node=2 -- --modes model e2e --loaders dali --models resnet18 resnet50
+  train train_2gpus 130 torchrun --standalone --nproc_per_node=2
+fi
+
+step "summary -> $OUT/summary.md"
+python - "$OUT" "$MODE" <<'PY' | tee "$OUT/summary.md"
+import json, sys
+from pathlib import Path
+
+out, mode = Path(sys.argv[1]), sys.argv[2]
+def load(name):
+    p = out / f"{name}.json"
+    return json.loads(p.read_text()) if p.is_file() else None
+def rate(result, m, model, compile_="off", loader="dali"):
+    rows = [r for r in (result or {}).get("rows", []) if (r["mode"], r["model"], r["compile"]) == (m, model, compile_)
+            and r["loader"] == (loader if m == "e2e" else "synthetic")]
+    return rows[0] if rows else None
+def epoch2(name):
+    p = out / f"{name}.metrics.jsonl"
+    lines = p.read_text().splitlines() if p.is_file() else []
+    return json.loads(lines[1])["train_img_s"] if len(lines) > 1 else None
+def fmt(v, spec=",.0f"):
+    return "-" if v is None else format(v, spec)
+
+env = next((r["env"] for r in map(load, ("rn18", "one_gpu", "two_gpus")) if r), {})
+print(f"{mode}: {env.get('device', '?')}, torch {env.get('torch', '?')}, DALI {env.get('dali', '?')}, "
+      f"CUDA_DEVICE_MAX_CONNECTIONS={env.get('CUDA_DEVICE_MAX_CONNECTIONS')}, {env.get('date', '?')}\n")
+print("| model | GPUs | compile | model only img/s | e2e dali img/s | e2e ÷ model only | windows (e2e) | "
+      "data wait | pipeline build + first batch s |")
+print("|---|---:|---|---:|---:|---:|---|---:|---:|")
+cases = ([("rn18", "resnet18", "off", 1), ("rn18", "resnet18", "reduce-overhead", 1), ("rn50", "resnet50", "off", 1)]
+         if mode == "1gpu" else
+         [(f, m, "off", g) for m in ("resnet18", "resnet50") for f, g in (("one_gpu", 1), ("two_gpus", 2))])
+e2e_by = {}
+for name, model, comp, gpus in cases:
+    result = load(name)
+    ceiling, e2e = rate(result, "model", model, comp), rate(result, "e2e", model, comp)
+    if e2e:
+        e2e_by[(model, comp, gpus)] = e2e["img_s"]
+    ratio = e2e["img_s"] / ceiling["img_s"] if e2e and ceiling else None
+    windows = " ".join(f"{v:,.0f}" for v in e2e["img_s_all"]) if e2e else "-"
+    switch = (e2e.get("build_s") or 0) + (e2e.get("first_batch_s") or 0) if e2e else None
+    print(f"| {model} | {gpus} | {comp} | {fmt(ceiling and ceiling['img_s'])} | {fmt(e2e and e2e['img_s'])} | "
+          f"{fmt(ratio, '.1%')} | {windows} | {fmt(e2e and e2e['data_wait_frac'], '.1%')} | {fmt(switch, '.2f')} |")
+if mode == "2gpu":
+    for model in ("resnet18", "resnet50"):
+        one, two = e2e_by.get((model, "off", 1)), e2e_by.get((model, "off", 2))
+        print(f"\n{model} 2-GPU scaling (2-GPU e2e ÷ 2 × 1-GPU e2e): {fmt(two / (2 * one) if one and two else None, '.1%')}",
+              end="")
+    print()
+train = "train" if mode == "1gpu" else "train_2gpus"
+bench_e2e = e2e_by.get(("resnet18", "off", 1 if mode == "1gpu" else 2))
+t = epoch2(train)
+print(f"\ntrain.py resnet18, epoch 2: {fmt(t)} img/s = {fmt(t / bench_e2e if t and bench_e2e else None, '.1%')} "
+      f"of the benchmark's e2e figure ({fmt(bench_e2e)})")
+startup = load("startup")
+if startup:
+    print(f"\nstartup, {startup['train_entries']:,} train + {startup['val_entries']:,} val entries: listing "
+          f"{startup['listing_s']:.1f} s, pre-flight check {startup['preflight_check_s']:.1f} s, first batch "
+          f"{startup['first_batch_s']:.1f} s (total {startup['startup_s']:.1f} s); epoch switch (pipeline over the "
+          f"whole list) {startup['epoch_switch_s']:.1f} s; peak host memory {startup['epoch_switch_peak_rss_gib']:.1f} GiB")
+PY
+step "done"
