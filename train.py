@@ -7,8 +7,9 @@
     python train.py trainer.eval_only=true trainer.resume=outputs/.../checkpoints/best.pt
 
 `run(cfg)` reads top to bottom: distributed + logging, the typed config (every value checked), data,
-model, optimizer, restore, epoch loop, summary. This is the only place that sees the whole config:
-the builders of dali_train/ receive its typed parts and explicit values, by keyword. It returns the best val top-1, the objective of Hydra sweepers.
+model, optimizer, restore, epoch loop, summary. It returns the best val top-1, the objective of
+Hydra sweepers. This is the only place that sees the whole config: the builders of dali_train/
+receive its typed parts and explicit values, by keyword.
 """
 
 from __future__ import annotations

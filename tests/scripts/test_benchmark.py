@@ -123,7 +123,8 @@ def test_windows_stay_inside_one_epoch(sample_root, tmp_path):
     out = tmp_path / "bench"
     benchmark(
         ["--modes", "loader", "model", "--models", "resnet18", "--loaders", "dali_cpu", "--steps", 20, "--warmup", 5,
-         "--repeats", 3, "--out", out, "--", *CPU_RUN, "loader.num_threads=2", f"data.root={sample_root}"]
+         "--repeats", 3, "--out", out, "--loader-set", "dali_cpu:loader.num_threads=2",
+         "--", *CPU_RUN, f"data.root={sample_root}"]
     )  # fmt: skip
     loader, model = json.loads((out / "results.json").read_text())["rows"]
     assert len(loader["img_s_all"]) == 3 and loader["epoch_switches"] == 1  # drained once, outside any window
