@@ -320,7 +320,7 @@ def tune(args, dist, device) -> list[dict]:
         loaders = build_loaders(cfg, dist, device, half=half)
         if parts is None:
             parts = build_train_parts(
-                cfg, dist, device, num_classes=loaders.num_classes, loader_steps=len(loaders.train)
+                cfg, dist, device, num_classes=loaders.num_classes, updates_per_epoch=len(loaders.train)
             )
         label = " ".join(f"{k.removeprefix('loader.')}={v}" for k, v in settings.items())
         r = bench_training(cfg, dist, device, parts, loaders, args, "dali")
