@@ -6,8 +6,10 @@
     python train.py -m optimizer.lr=0.05,0.1,0.2               # a Hydra sweep
     python train.py trainer.eval_only=true trainer.resume=outputs/.../checkpoints/best.pt
 
-`run(cfg)` reads top to bottom: distributed + logging, checks, data, model, optimizer, restore,
-epoch loop, summary. It returns the best val top-1, the objective of Hydra sweepers.
+`run(cfg)` reads top to bottom: distributed + logging, the typed config (every value checked), data,
+model, optimizer, restore, epoch loop, summary. It returns the best val top-1, the objective of
+Hydra sweepers. This is the only place that sees the whole config: the builders of dali_train/
+receive its typed parts and explicit values, by keyword.
 """
 
 from __future__ import annotations
@@ -22,14 +24,18 @@ import time
 from pathlib import Path
 
 import hydra
+import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
+from timm.utils import random_seed
 
 from dali_train.checkpoint import Checkpointer, CheckpointMeta
-from dali_train.config import register_configs
+from dali_train.config import Config, composition_error_line, load_config, register_configs
 from dali_train.data import DatasetError, build_loaders
+from dali_train.device import amp_dtype_for, configure_backends, select_device, set_cuda_max_connections
 from dali_train.distributed import (
     DistInfo,
+    StopFlag,
     barrier,
     init_distributed,
     set_collective_timeout,
@@ -38,18 +44,12 @@ from dali_train.distributed import (
 )
 from dali_train.divergence import Diverged, nonfinite_tensors
 from dali_train.ending import COMPLETED, EXIT_USER, Ending, RunShape, ending_for, stopped_by_signal
-from dali_train.engine import LoopControl, StopFlag, evaluate, train_one_epoch
+from dali_train.engine import LoopControl, TrainParts, evaluate, train_one_epoch, updates_per_epoch
 from dali_train.errors import UserError
 from dali_train.logs import MetricsWriter, input_bound_verdict, setup_logging
-from dali_train.runtime import (
-    amp_dtype_for,
-    build_train_parts,
-    check_options,
-    configure_backends,
-    select_device,
-    set_cuda_max_connections,
-    updates_per_epoch,
-)
+from dali_train.loss import build_loss
+from dali_train.models import build_model, wrap_for_training
+from dali_train.optim import build_optimizer, build_scheduler
 
 log = logging.getLogger("dali_train")
 
@@ -106,9 +106,60 @@ def end_run(writer: MetricsWriter, summary: dict, ending: Ending, started: float
         (log.warning if ending.exit_code > 128 else log.error)("run ended: %s: %s", ending.state, ending.message)
 
 
+def build_train_parts(
+    c: Config,
+    dist: DistInfo,
+    device: torch.device,
+    *,
+    num_classes: int,
+    updates_per_epoch: int,
+    global_batch: int,
+    amp_dtype: torch.dtype | None,
+) -> TrainParts:
+    """Model (wrapped: to device → EMA → compile → DDP), loss, optimizer, schedule and scaler.
+
+    The model is initialized from `seed` on every rank alike (EMA copies it before DDP would
+    broadcast rank 0's weights); rank-dependent RNG streams start after it."""
+    tc = c.trainer
+    random_seed(c.seed)
+    model = build_model(c.model, num_classes)
+    random_seed(c.seed, rank=1000 * dist.rank)
+    model, ema = wrap_for_training(
+        model,
+        device,
+        dist,
+        channels_last=tc.channels_last,
+        sync_bn=tc.sync_bn,
+        ema_decay=tc.ema_decay if tc.ema else None,
+        compile=tc.compile,
+        compile_mode=tc.compile_mode,
+    )
+    loss_fn, mixup = build_loss(
+        label_smoothing=tc.label_smoothing,
+        mixup_alpha=tc.mixup_alpha,
+        cutmix_alpha=tc.cutmix_alpha,
+        num_classes=num_classes,
+    )
+    optimizer = build_optimizer(c.optimizer, model, global_batch=global_batch)
+    return TrainParts(
+        model=model,
+        optimizer=optimizer,
+        scheduler=build_scheduler(c.scheduler, optimizer, steps_per_epoch=updates_per_epoch, epochs=tc.epochs),
+        loss_fn=loss_fn,
+        device=device,
+        dist=dist,
+        amp_dtype=amp_dtype,
+        scaler=torch.amp.GradScaler(device.type) if amp_dtype == torch.float16 else None,
+        ema=ema,
+        mixup=mixup,
+        grad_accum_steps=tc.grad_accum_steps,
+        clip_grad_norm=tc.clip_grad_norm,
+    )
+
+
 def train(cfg: DictConfig, dist: DistInfo, run_dir: Path, writer: MetricsWriter, summary: dict) -> Ending:
-    check_options(cfg)
-    tc = cfg.trainer
+    c = load_config(cfg)  # typed, every value checked: a UserError names the key
+    tc = c.trainer
     set_collective_timeout(tc.dist_timeout_s, dist)
     device = select_device(tc.device, dist)
     summary["device"] = device
@@ -117,19 +168,29 @@ def train(cfg: DictConfig, dist: DistInfo, run_dir: Path, writer: MetricsWriter,
     stop = StopFlag()
     stop.install()
 
-    # Data, then the model and its optimizer (runtime.build_train_parts keeps the wrap order).
-    loaders = build_loaders(cfg, dist, device, half=amp_dtype is not None)
+    # Data, then the model and its optimizer.
+    loaders = build_loaders(
+        c.data, c.loader, dist, device, half=amp_dtype is not None, channels_last=tc.channels_last, seed=c.seed
+    )
     upe = updates_per_epoch(len(loaders.train), tc.max_steps_per_epoch, tc.grad_accum_steps)
-    parts = build_train_parts(cfg, dist, device, num_classes=loaders.num_classes, updates_per_epoch=upe)
-    model, ema, optimizer = parts.model, parts.ema, parts.optimizer
-    global_batch = cfg.loader.batch_size * dist.world_size * tc.grad_accum_steps
+    global_batch = c.loader.batch_size * dist.world_size * tc.grad_accum_steps
     summary.update(epochs=tc.epochs, global_batch=global_batch)
+    parts = build_train_parts(
+        c,
+        dist,
+        device,
+        num_classes=loaders.num_classes,
+        updates_per_epoch=upe,
+        global_batch=global_batch,
+        amp_dtype=amp_dtype,
+    )
+    model, ema, optimizer = parts.model, parts.ema, parts.optimizer
 
     # Restore: the schedule is the current config's, positioned at the checkpoint's step.
     meta = CheckpointMeta(
-        model_name=cfg.model.name,
-        optimizer_name=cfg.optimizer.name,
-        batch_size=cfg.loader.batch_size,
+        model_name=c.model.name,
+        optimizer_name=c.optimizer.name,
+        batch_size=c.loader.batch_size,
         world_size=dist.world_size,
         grad_accum_steps=tc.grad_accum_steps,
         updates_per_epoch=upe,
@@ -139,7 +200,7 @@ def train(cfg: DictConfig, dist: DistInfo, run_dir: Path, writer: MetricsWriter,
     checkpointer.prepare(parts)
     start_epoch, start_step, best_top1 = 0, 0, float("-inf")
     resume = checkpointer.resolve(tc.resume)
-    if tc.eval_only and not resume and not cfg.model.pretrained:
+    if tc.eval_only and not resume and not c.model.pretrained:
         raise UserError(
             f"trainer.eval_only=true trainer.resume={tc.resume}: no {checkpointer.path('last.pt')}, nothing to evaluate"
         )
@@ -164,12 +225,12 @@ def train(cfg: DictConfig, dist: DistInfo, run_dir: Path, writer: MetricsWriter,
         saved_at = parts.global_step
 
     ctl = LoopControl(
-        writer,
-        tc.log_every_n_steps,
-        tc.max_steps_per_epoch,
-        tc.save_every_n_steps,
-        lambda e, s: save("last.pt", e, s),
-        stop,
+        writer=writer,
+        log_every=tc.log_every_n_steps,
+        max_steps=tc.max_steps_per_epoch,
+        save_every=tc.save_every_n_steps,
+        save=lambda e, s: save("last.pt", e, s),
+        stop=stop,
         max_nonfinite_skips=tc.max_nonfinite_skips,
     )
     eval_model = ema.module if ema is not None else model  # best is tracked on EMA when it is on
@@ -228,7 +289,7 @@ def train(cfg: DictConfig, dist: DistInfo, run_dir: Path, writer: MetricsWriter,
         save("last.pt", epoch + 1, 0)
         if next_epoch_error is not None:
             raise next_epoch_error
-        if epoch + 1 < end_epoch and stop.agreed(dist, device):
+        if epoch + 1 < end_epoch and stop.requested(dist, device, sync_point=True):
             return signal_ending(f"after epoch {epoch}")
 
     if not epoch_stats:  # eval_only, or resumed after the last epoch
@@ -253,12 +314,12 @@ def train(cfg: DictConfig, dist: DistInfo, run_dir: Path, writer: MetricsWriter,
         best_top1,
         metrics["top5"],
         metrics["samples"],
-        input_bound_verdict(wait, cfg.loader.name) if epoch_stats else "eval only",
+        input_bound_verdict(wait, c.loader.name) if epoch_stats else "eval only",
     )
     return COMPLETED
 
 
-_task_started = False  # Hydra exits 1 on composition errors; see __main__
+_task_started = False  # composition errors happen before it; see __main__
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
@@ -286,11 +347,16 @@ if __name__ == "__main__":
     atexit.register(shutdown)  # after all jobs: a multirun reuses the process group between jobs
     # All ranks must write to one run dir: rank 0's timestamp, shared before Hydra resolves it.
     os.environ["DALI_TRAIN_RUN_STAMP"] = shared_run_stamp()
+    # Hydra prints a composition error (an unknown key, a key of another option, a wrong type, a
+    # bad override) in several lines and exits 1. With HYDRA_FULL_ERROR it raises it instead: we
+    # print it as one `error:` line with a UserError's code, 2. Set HYDRA_FULL_ERROR=1 yourself to
+    # get Hydra's traceback instead.
+    hydra_traceback = os.environ.get("HYDRA_FULL_ERROR") == "1"
+    os.environ["HYDRA_FULL_ERROR"] = "1"
     try:
         main()
-    except SystemExit as e:
-        # Hydra exits 1 on its composition errors (an unknown key, a wrong type, a bad override),
-        # printed as a short message: like a UserError, the user's to fix, so the same code 2.
-        if e.code == 1 and not _task_started:
-            sys.exit(EXIT_USER)
-        raise
+    except Exception as e:
+        if _task_started or hydra_traceback:  # a bug in the run: its traceback follows
+            raise
+        print(f"error: {composition_error_line(e)}", file=sys.stderr)
+        sys.exit(EXIT_USER)

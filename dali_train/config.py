@@ -1,9 +1,16 @@
-"""Typed configuration schema, registered in Hydra's ConfigStore.
+"""Typed configuration schema: one dataclass per option, registered in Hydra's ConfigStore.
 
-`conf/config.yaml` lists `config_schema` first in its defaults, so every YAML file and every
-command-line override is merged onto these dataclasses: a misspelt key (`loader.batchsize=3`) or a
-wrong type (`optimizer.lr=abc`) fails at composition, before any work. Each default lives here
-and only here; the YAML files in `conf/` choose between options and carry the comments users read.
+`conf/config.yaml` lists `config_schema` (the `Config` below) first in its defaults, and every
+option file starts from its own schema (`conf/loader/pytorch.yaml`: `defaults: [pytorch_schema,
+_self_]`, Hydra's "schema in the same config group"). So a misspelt key (`loader.batchsize=3`), a
+wrong type (`optimizer.lr=abc`) and a key of another option (`loader=pytorch loader.num_threads=3`)
+all fail at composition, before any work. Each default lives here and only here; the YAML files in
+`conf/` set what differs between options and carry the comments users read.
+
+Values the types cannot check (names, ranges, combinations) are checked in `__post_init__`, which
+runs when train.py converts the composed config with `load_config` (`OmegaConf.to_object`): a
+UserError naming the key, before any work. The builders receive these typed objects, never the
+whole config; this module is the only one of the package that sees it.
 """
 
 from __future__ import annotations
@@ -13,7 +20,38 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING, OmegaConf
+from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from dali_train.errors import UserError
+
+LOOKAHEAD = "lookahead_"  # timm's prefix: any optimizer wrapped in Lookahead (lookahead_radamw is Ranger)
+AMP_CHOICES = ("bf16", "fp16", "off")
+DEVICE_CHOICES = ("auto", "cpu", "cuda")
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+TRAIN_TRANSFORMS = ("random_resized_crop", "resize")
+VAL_RESIZE_MODES = ("shorter", "whole")
+
+
+def _choice(key: str, value: str, valid: tuple[str, ...] | list[str]) -> None:
+    if value not in valid:
+        raise UserError(f"{key}={value}: unknown; choose one of {', '.join(valid)}")
+
+
+def _at_least(key: str, value: float, low: float) -> None:
+    if value < low:
+        raise UserError(f"{key}={value}: must be at least {low}")
+
+
+def _option_name(group: str, name: str, schema: type, options: dict[str, type]) -> None:
+    """`name` must be one of the options that this schema describes (`loader=pytorch
+    loader.name=dali` would hand DALI a config without its keys)."""
+    valid = [n for n, s in options.items() if s is schema]
+    if name not in valid:
+        raise UserError(f"{group}.name={name}: not an option of this schema; choose one of {', '.join(valid)} (or {group}=NAME)")
+
+
+# --- data -------------------------------------------------------------------------------------
 
 
 @dataclass
@@ -44,25 +82,72 @@ class DataConfig:
     exclude_list: str | None = None  # file of relative paths to skip (written by scan_dataset.py)
     progressive: ProgressiveConfig = field(default_factory=ProgressiveConfig)
 
+    def __post_init__(self) -> None:
+        _choice("data.train_transform", self.train_transform, TRAIN_TRANSFORMS)
+        _choice("data.val_resize_mode", self.val_resize_mode, VAL_RESIZE_MODES)
+
+
+# --- loader: conf/loader/<name>.yaml ------------------------------------------------------------
+
 
 @dataclass
 class LoaderConfig:
-    name: str = MISSING  # dali | dali_cpu | pytorch | synthetic
-    batch_size: int = 256  # per process (per GPU); the global batch is this × world size
-    num_threads: int = 4  # DALI CPU worker threads per process
-    prefetch_queue_depth: int = 2  # DALI batches prepared ahead of the training step
-    hw_decoder_load: float = 0.65  # share of JPEGs sent to the hardware decoder (A100/H100/H200)
-    preallocate_width_hint: int = 0  # DALI decoder buffer hint, px (0 = DALI default)
-    preallocate_height_hint: int = 0  # DALI decoder buffer hint, px (0 = DALI default)
+    """What every loader has; the option's schema adds its own keys."""
+
+    name: str = MISSING  # dali | dali_cpu | pytorch | synthetic (the file name in conf/loader/)
+    batch_size: int = 256  # per process (per GPU); the global batch is this × world size × grad_accum_steps
+
+    def __post_init__(self) -> None:
+        _option_name("loader", self.name, type(self), LOADER_SCHEMAS)
+        _at_least("loader.batch_size", self.batch_size, 1)
+
+
+@dataclass
+class DaliLoaderConfig(LoaderConfig):
+    """loader=dali (nvJPEG + hardware decoder on the GPU) and loader=dali_cpu (CPU decode threads)."""
+
+    num_threads: int = 8  # host threads per process (file reads, JPEG parsing; dali_cpu: decoding)
+    prefetch_queue_depth: int = 2  # batches prepared ahead of the training step
+    hw_decoder_load: float = 1.0  # share of JPEGs sent to the A100/H100/H200 hardware decoder (dali)
+    preallocate_width_hint: int = 0  # decoder buffer hint, px (0 = DALI default)
+    preallocate_height_hint: int = 0  # decoder buffer hint, px (0 = DALI default)
     device_memory_padding: int = 211025920  # bytes of headroom per GPU decode buffer
     host_memory_padding: int = 140544512  # bytes of headroom per pinned host decode buffer
     exec_dynamic: bool = True  # DALI's dynamic executor (batches shared zero-copy); false = legacy, copies
-    num_workers: int = 8  # pytorch loader: worker processes per rank
-    pin_memory: bool = True  # pytorch loader: page-locked batches for faster host-to-GPU copy
-    persistent_workers: bool = True  # pytorch loader: keep workers alive across epochs
-    synthetic_num_classes: int = 1000  # synthetic loader: label range
-    synthetic_steps: int = 100  # synthetic loader: train batches per epoch
-    synthetic_val_steps: int = 10  # synthetic loader: val batches per epoch
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _at_least("loader.num_threads", self.num_threads, 1)
+        _at_least("loader.prefetch_queue_depth", self.prefetch_queue_depth, 1)
+
+
+@dataclass
+class PytorchLoaderConfig(LoaderConfig):
+    """loader=pytorch: torchvision transforms in DataLoader worker processes."""
+
+    num_workers: int = 8  # worker processes per rank
+    pin_memory: bool = True  # page-locked batches for faster host-to-GPU copies
+    persistent_workers: bool = True  # keep workers alive across epochs
+
+
+@dataclass
+class SyntheticLoaderConfig(LoaderConfig):
+    """loader=synthetic: random batches made once on the device, no files read."""
+
+    synthetic_num_classes: int = 1000  # label range
+    synthetic_steps: int = 100  # train batches per epoch
+    synthetic_val_steps: int = 10  # val batches per epoch
+
+
+LOADER_SCHEMAS: dict[str, type[LoaderConfig]] = {
+    "dali": DaliLoaderConfig,
+    "dali_cpu": DaliLoaderConfig,
+    "pytorch": PytorchLoaderConfig,
+    "synthetic": SyntheticLoaderConfig,
+}
+
+
+# --- model ------------------------------------------------------------------------------------
 
 
 @dataclass
@@ -74,28 +159,118 @@ class ModelConfig:
     pretrained_strict: bool = True  # false: load the tensors that fit, warn with counts of the rest
 
 
+# --- optimizer: conf/optimizer/<name>.yaml ---------------------------------------------------------
+
+
 @dataclass
 class OptimizerConfig:
-    name: str = MISSING  # sgd (heavy-ball/Nesterov) or any timm optimizer name (adamw, lamb, lookahead_radamw...)
+    """What every optimizer has; the option's schema adds its own keys."""
+
+    name: str = MISSING  # sgd, or any timm optimizer name (adamw, lamb, lookahead_radamw...)
     lr: float = 0.1  # peak LR; with scale_lr it is the LR at global batch 256
     scale_lr: bool = True  # lr × global_batch / 256 (Goyal et al.)
     weight_decay: float = 1.0e-4  # L2 / decoupled decay
     no_wd_norm_bias: bool = True  # no weight decay on norm and bias parameters
-    momentum: float = 0.9  # sgd only
-    nesterov: bool = False  # sgd only
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])  # optimizers with betas (adam family, lamb)
-    eps: float = 1.0e-8  # optimizers with an eps term
+
+    def __post_init__(self) -> None:
+        if self.lr <= 0:
+            raise UserError(f"optimizer.lr={self.lr}: must be positive")
+
+
+@dataclass
+class SgdConfig(OptimizerConfig):
+    """optimizer=sgd: heavy-ball or Nesterov momentum."""
+
+    name: str = "sgd"  # the only name of this schema
+    momentum: float = 0.9  # momentum factor
+    nesterov: bool = False  # Nesterov momentum instead of heavy-ball (the torchvision reference)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.name != "sgd":
+            raise UserError(f"optimizer.name={self.name}: optimizer=sgd is SGD; other optimizers: optimizer=adamw optimizer.name={self.name}")
+
+
+@dataclass
+class TimmOptimizerConfig(OptimizerConfig):
+    """optimizer=adamw / lamb / ranger, or any timm optimizer by `name`."""
+
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])  # for optimizers with betas (adam family, lamb)
+    eps: float = 1.0e-8  # for optimizers with an eps term
+    kwargs: dict[str, Any] = field(default_factory=dict)  # more arguments of the timm optimizer (rmsprop: momentum...)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        from timm.optim import list_optimizers
+
+        if self.name == "sgd":
+            raise UserError("optimizer.name=sgd: use optimizer=sgd (its momentum and nesterov keys)")
+        base = self.name.removeprefix(LOOKAHEAD)
+        if base not in list_optimizers():
+            close = [n for n in list_optimizers() if base[:4] and base[:4] in n][:6]
+            raise UserError(
+                f"optimizer.name={self.name}: not a timm optimizer (similar: {', '.join(close) or 'none'}; "
+                "all: timm.optim.list_optimizers(), any of them with the lookahead_ prefix)"
+            )
+
+
+# --- scheduler: conf/scheduler/<name>.yaml ---------------------------------------------------------
 
 
 @dataclass
 class SchedulerConfig:
-    name: str = MISSING  # cosine | flat_cos | step | linear
+    """What every schedule has: a linear warmup; the option's schema adds its own keys."""
+
+    name: str = MISSING  # cosine | flat_cos | step | linear (the file name in conf/scheduler/)
     warmup_epochs: float = 0.0  # linear warmup length, epochs (fractions allowed)
-    warmup_lr_init: float = 0.0  # LR at step 0 of the warmup
-    min_lr: float = 0.0  # LR at the end of the decay (cosine, flat_cos, linear)
-    flat_frac: float = 0.75  # flat_cos only: share of the post-warmup steps at the peak LR before the cosine anneal
-    decay_epochs: float = 30.0  # step only: epochs between LR drops
-    decay_rate: float = 0.1  # step only: LR multiplier at each drop
+    warmup_lr_init: float = 1.0e-5  # LR at step 0 of the warmup
+
+    def __post_init__(self) -> None:
+        _option_name("scheduler", self.name, type(self), SCHEDULER_SCHEMAS)
+        _at_least("scheduler.warmup_epochs", self.warmup_epochs, 0)
+        _at_least("scheduler.warmup_lr_init", self.warmup_lr_init, 0)
+
+
+@dataclass
+class AnnealSchedulerConfig(SchedulerConfig):
+    """scheduler=cosine and scheduler=linear: from the peak down to min_lr at the last step."""
+
+    min_lr: float = 0.0  # LR at the last step
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _at_least("scheduler.min_lr", self.min_lr, 0)
+
+
+@dataclass
+class FlatCosSchedulerConfig(AnnealSchedulerConfig):
+    """scheduler=flat_cos: the peak held flat, then a cosine anneal (fastai's fit_flat_cos)."""
+
+    flat_frac: float = 0.75  # share of the post-warmup steps at the peak LR before the anneal
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not 0 <= self.flat_frac < 1:
+            raise UserError(f"scheduler.flat_frac={self.flat_frac}: must be in [0, 1)")
+
+
+@dataclass
+class StepSchedulerConfig(SchedulerConfig):
+    """scheduler=step: the LR multiplied by decay_rate every decay_epochs."""
+
+    decay_epochs: float = 30.0  # epochs between LR drops
+    decay_rate: float = 0.1  # LR multiplier at each drop
+
+
+SCHEDULER_SCHEMAS: dict[str, type[SchedulerConfig]] = {
+    "cosine": AnnealSchedulerConfig,
+    "linear": AnnealSchedulerConfig,
+    "flat_cos": FlatCosSchedulerConfig,
+    "step": StepSchedulerConfig,
+}
+
+
+# --- trainer ----------------------------------------------------------------------------------
 
 
 @dataclass
@@ -127,21 +302,90 @@ class TrainerConfig:
     max_nonfinite_skips: int = 0  # updates with a NaN/inf loss to skip before stopping; 0 = stop at the first
     dist_timeout_s: int = 1800  # seconds a rank waits in a collective for the others before it stops
 
+    def __post_init__(self) -> None:
+        _choice("trainer.amp", self.amp, AMP_CHOICES)
+        _choice("trainer.device", self.device, DEVICE_CHOICES)
+        _choice("trainer.compile_mode", self.compile_mode, COMPILE_MODES)
+        for key in ("epochs", "grad_accum_steps", "log_every_n_steps"):
+            _at_least(f"trainer.{key}", getattr(self, key), 1)
+
+
+# --- the run ----------------------------------------------------------------------------------
+
 
 @dataclass
 class Config:
     seed: int = 0  # base seed; ranks and epochs derive theirs from it
     data: DataConfig = field(default_factory=DataConfig)
-    loader: LoaderConfig = field(default_factory=LoaderConfig)
+    loader: LoaderConfig = MISSING  # conf/loader/<name>.yaml, on its option's schema
     model: ModelConfig = field(default_factory=ModelConfig)
-    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
-    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    optimizer: OptimizerConfig = MISSING  # conf/optimizer/<name>.yaml, on its option's schema
+    scheduler: SchedulerConfig = MISSING  # conf/scheduler/<name>.yaml, on its option's schema
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+
+    def __post_init__(self) -> None:
+        """Checks that involve two groups (each group has checked its own keys by now)."""
+        t = self.trainer
+        if t.eval_only and not (t.resume or self.model.pretrained):
+            raise UserError("trainer.eval_only=true needs trainer.resume=PATH or model.pretrained=PATH")
+        if (t.mixup_alpha or t.cutmix_alpha) and self.loader.batch_size % 2:
+            raise UserError(f"loader.batch_size={self.loader.batch_size}: Mixup/CutMix needs an even batch size")
+
+
+SCHEMAS: dict[str, dict[str, type]] = {  # group -> schema name (in the option's defaults list) -> dataclass
+    "loader": {"dali_schema": DaliLoaderConfig, "pytorch_schema": PytorchLoaderConfig, "synthetic_schema": SyntheticLoaderConfig},
+    "optimizer": {"sgd_schema": SgdConfig, "timm_schema": TimmOptimizerConfig},
+    "scheduler": {
+        "anneal_schema": AnnealSchedulerConfig,
+        "flat_cos_schema": FlatCosSchedulerConfig,
+        "step_schema": StepSchedulerConfig,
+    },
+}
 
 
 def register_configs() -> None:
-    """Make `config_schema` available to the defaults list of conf/config.yaml, and the
-    `${dali_train.cwd:}` resolver (the launch directory; unlike `${hydra:runtime.cwd}` it also
+    """Make `config_schema` and each option's schema available to the defaults lists in conf/, and
+    the `${dali_train.cwd:}` resolver (the launch directory; unlike `${hydra:runtime.cwd}` it also
     resolves in configs composed outside @hydra.main: tests, scripts/benchmark.py)."""
-    ConfigStore.instance().store(name="config_schema", node=Config)
+    store = ConfigStore.instance()
+    store.store(name="config_schema", node=Config)
+    for group, schemas in SCHEMAS.items():
+        for name, node in schemas.items():
+            store.store(group=group, name=name, node=node)
     OmegaConf.register_new_resolver("dali_train.cwd", os.getcwd, replace=True)
+
+
+def load_config(cfg: DictConfig) -> Config:
+    """The composed config as typed objects, every value checked (`__post_init__`); a UserError
+    naming the key otherwise. The builders take the parts of what this returns."""
+    missing = sorted(OmegaConf.missing_keys(cfg))
+    if missing:
+        raise UserError(f"{missing[0]}: no value; set it on the command line ({missing[0]}=...)")
+    try:
+        return OmegaConf.to_object(cfg)
+    except OmegaConfBaseException as e:  # an interpolation that does not resolve, say
+        raise UserError(f"{e.full_key or 'config'}: {str(e.msg).splitlines()[0]}") from None
+
+
+def composition_error_line(error: BaseException) -> str:
+    """Hydra's composition errors (several lines: what failed, a hint, OmegaConf's key/type lines)
+    as one line naming the key: `loader.num_threads: Key 'num_threads' not in 'PytorchLoaderConfig'`."""
+    cause = error
+    while cause.__cause__ is not None and not isinstance(cause, OmegaConfBaseException):
+        cause = cause.__cause__
+    if isinstance(cause, OmegaConfBaseException) and cause.full_key:
+        return f"{cause.full_key}: {str(cause.msg).splitlines()[0]}"
+    parts: list[str] = []  # "Available options in 'loader':" and its indented list become one part
+    listing = False
+    for raw in str(error).splitlines():
+        line = raw.strip()
+        if line.startswith("Config search path"):
+            break
+        if not line or line.endswith("_schema"):  # the schemas are options of their group to Hydra only
+            continue
+        if listing and raw[0].isspace():
+            parts[-1] += (" " if parts[-1].endswith(":") else ", ") + line
+            continue
+        listing = line.endswith(":")
+        parts.append(line)
+    return "; ".join(parts) or type(error).__name__

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import signal
 import subprocess
 from dataclasses import dataclass
 
@@ -141,3 +142,29 @@ def barrier(info: DistInfo) -> None:
 def shutdown() -> None:
     if torch_dist.is_initialized():
         torch_dist.destroy_process_group()
+
+
+class StopFlag:
+    """Set by SIGTERM/SIGINT; the loop finishes its step, saves last.pt and exits."""
+
+    def __init__(self) -> None:
+        self.signal: int | None = None
+
+    def install(self) -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._handle)
+
+    def _handle(self, signum, frame) -> None:
+        self.signal = signum
+
+    def agreed(self, dist: DistInfo, device: torch.device) -> bool:
+        """True on all ranks if any rank was signalled (a collective: call at the same step on all)."""
+        flag = torch.tensor([0.0 if self.signal is None else 1.0], device=device)
+        return bool(all_reduce_sum(flag, dist).item() > 0)
+
+    def requested(self, dist: DistInfo, device: torch.device, *, sync_point: bool) -> bool:
+        """Whether to stop now. One process decides alone, at any step; several ranks decide together
+        (a collective), only at sync points, which every rank reaches at the same step."""
+        if not dist.enabled:
+            return self.signal is not None
+        return sync_point and self.agreed(dist, device)

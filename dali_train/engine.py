@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import signal
+import math
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -18,35 +18,16 @@ from typing import Any
 import torch
 from timm.utils import accuracy
 
-from dali_train.distributed import DistInfo, all_reduce_max, all_reduce_sum
+from dali_train.distributed import DistInfo, StopFlag, all_reduce_max, all_reduce_sum
 from dali_train.divergence import Diverged, LossWatch
 from dali_train.logs import MetricsWriter, Progress
 
 log = logging.getLogger(__name__)
 
 
-class StopFlag:
-    """Set by SIGTERM/SIGINT; the loop finishes its step, saves last.pt and exits."""
-
-    def __init__(self) -> None:
-        self.signal: int | None = None
-
-    def install(self) -> None:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, self._handle)
-
-    def _handle(self, signum, frame) -> None:
-        self.signal = signum
-
-    def agreed(self, dist: DistInfo, device: torch.device) -> bool:
-        """True on all ranks if any rank was signalled (a collective: call at the same step on all)."""
-        flag = torch.tensor([0.0 if self.signal is None else 1.0], device=device)
-        return bool(all_reduce_sum(flag, dist).item() > 0)
-
-
 @dataclass
 class TrainParts:
-    """What one optimization step needs, built by train.py."""
+    """What one optimization step needs, built by train.py (by keyword)."""
 
     model: torch.nn.Module  # possibly compiled and DDP-wrapped
     optimizer: torch.optim.Optimizer
@@ -65,6 +46,8 @@ class TrainParts:
 
 @dataclass
 class LoopControl:
+    """How the epoch loop logs, saves and stops, built by train.py (by keyword)."""
+
     writer: MetricsWriter
     log_every: int = 50
     max_steps: int | None = None
@@ -82,6 +65,13 @@ class EpochStats:
     data_wait_frac: float
     steps: int
     interrupted: bool
+
+
+def updates_per_epoch(loader_steps: int, max_steps: int | None, grad_accum_steps: int) -> int:
+    """Optimizer steps per epoch as the loop makes them: one every `grad_accum_steps` micro-steps
+    and one on the epoch's last (partial) group, so ceil, not floor."""
+    steps = loader_steps if max_steps is None else min(loader_steps, max_steps)
+    return max(math.ceil(steps / grad_accum_steps), 1)
 
 
 def _autocast(parts: TrainParts):
@@ -216,9 +206,7 @@ def train_one_epoch(
                 wait=values["perf/data_wait_frac"],
             )
             window_start, window_data, window_samples = tick, 0.0, 0
-            if p.dist.enabled and update and not last and ctl.stop.agreed(p.dist, p.device):
-                interrupted = True
-        if not p.dist.enabled and update and ctl.stop.signal is not None and not last:
+        if update and not last and ctl.stop.requested(p.dist, p.device, sync_point=step % ctl.log_every == 0):
             interrupted = True
         if interrupted or last:
             break

@@ -1,15 +1,18 @@
-"""Models: a thin `build_model` over `timm.create_model`; weights only from local files."""
+"""Models: a thin `build_model` over `timm.create_model` (weights only from local files), and
+`wrap_for_training`: the model on its device, with EMA, compile and DDP in the order that works."""
 
 from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
 
 import timm
 import torch
 from timm.models import clean_state_dict
+from timm.utils import ModelEmaV3
 
+from dali_train.config import ModelConfig
+from dali_train.distributed import DistInfo
 from dali_train.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -19,29 +22,23 @@ class ModelError(UserError):
     """A model option the user must fix; one line."""
 
 
-def build_model(
-    name: str,
-    num_classes: int,
-    *,
-    drop_path_rate: float = 0.0,
-    pretrained: str | None = None,
-    kwargs: dict[str, Any] | None = None,
-    pretrained_strict: bool = True,
-) -> torch.nn.Module:
-    """`timm.create_model(name, **kwargs)`: kwargs reach the model class (timm's ResNet takes
-    act_layer, aa_layer, block_args={attn_layer: se}, cardinality, base_width, stem_type, ...)."""
+def build_model(spec: ModelConfig, num_classes: int) -> torch.nn.Module:
+    """`timm.create_model(spec.name, **spec.kwargs)`: kwargs reach the model class (timm's ResNet
+    takes act_layer, aa_layer, block_args={attn_layer: se}, cardinality, base_width, stem_type, ...),
+    then the weights of `spec.pretrained` when it is set."""
+    name = spec.name
     if not timm.is_model(name):
         close = timm.list_models(f"*{name.split('.')[0][:6]}*")[:5]
         raise ModelError(f"model.name={name}: not a timm model (similar: {', '.join(close) or 'none'})")
-    kwargs = dict(kwargs or {})
-    if drop_path_rate:
-        kwargs["drop_path_rate"] = drop_path_rate
+    kwargs = dict(spec.kwargs)
+    if spec.drop_path_rate:
+        kwargs["drop_path_rate"] = spec.drop_path_rate
     try:
         model = timm.create_model(name, pretrained=False, num_classes=num_classes, **kwargs)
     except (TypeError, ValueError, KeyError, AssertionError) as e:  # a kwarg the model class does not take
         raise ModelError(f"model.kwargs={kwargs}: {name} rejected them ({type(e).__name__}: {e})") from None
-    if pretrained:
-        load_pretrained(model, pretrained, strict=pretrained_strict)
+    if spec.pretrained:
+        load_pretrained(model, spec.pretrained, strict=spec.pretrained_strict)
     n_params = sum(p.numel() for p in model.parameters())
     log.info("model: %s, %.1fM parameters, %d classes", name, n_params / 1e6, num_classes)
     return model
@@ -83,7 +80,7 @@ def load_pretrained(model: torch.nn.Module, path: str, *, strict: bool = True) -
     state, which = read_weights(path)
     own = model.state_dict()
     fits = {k: v for k, v in state.items() if k in own and own[k].shape == v.shape}
-    classifier = model.pretrained_cfg.get("classifier") if hasattr(model, "pretrained_cfg") else None
+    classifier = (getattr(model, "pretrained_cfg", None) or {}).get("classifier")
     head = {k for k in own if classifier and k.startswith(f"{classifier}.") and k in state and k not in fits}
     missing = [k for k in own if k not in fits and k not in head]
     unused = [k for k in state if k not in own]
@@ -110,3 +107,37 @@ def load_pretrained(model: torch.nn.Module, path: str, *, strict: bool = True) -
         )
     else:
         log.info("model: %d/%d tensors loaded from %s (%s)", len(fits), len(own), path, which)
+
+
+def wrap_for_training(
+    model: torch.nn.Module,
+    device: torch.device,
+    dist: DistInfo,
+    *,
+    channels_last: bool,
+    sync_bn: bool,
+    ema_decay: float | None,
+    compile: bool,
+    compile_mode: str = "default",
+) -> tuple[torch.nn.Module, ModelEmaV3 | None]:
+    """(model to train, EMA copy or None): to device → channels_last → SyncBN → EMA → compile → DDP.
+
+    The order matters: EMA copies the model on its device before compile/DDP wrap it (timm's
+    rule), and compile comes before DDP so DDP's hooks see the compiled graph's buckets.
+
+    With CUDA graphs (reduce-overhead) torch's cudagraph trees copy each non-static input (a DALI
+    batch, whose buffer DALI reuses) into the graph's own buffer, and a step's outputs are consumed
+    (loss, backward) before the next forward replays: no `cudagraph_mark_step_begin` or clone is
+    needed in the training loop, whose forward/backward pairs mark the steps themselves."""
+    model = model.to(device)
+    if channels_last and device.type == "cuda":
+        model = model.to(memory_format=torch.channels_last)
+    if sync_bn and dist.enabled:
+        model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    ema = ModelEmaV3(model, decay=ema_decay, device=device) if ema_decay else None
+    if compile:
+        model = torch.compile(model, mode=compile_mode)
+    if dist.enabled:
+        ids = [device.index] if device.type == "cuda" else None
+        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=ids)
+    return model, ema

@@ -1,4 +1,5 @@
-"""Optimizers (timm's factory) and per-step LR schedules (timm's schedulers)."""
+"""Optimizers (timm's factory) and per-step LR schedules (timm's schedulers), built from the typed
+option objects of `dali_train.config` (checked there); each builder is chosen by name from a dict."""
 
 from __future__ import annotations
 
@@ -6,16 +7,22 @@ import logging
 import math
 
 import torch
-from timm.optim import create_optimizer_v2, get_optimizer_info, list_optimizers
+from timm.optim import create_optimizer_v2, get_optimizer_info
 from timm.scheduler import CosineLRScheduler, PolyLRScheduler, StepLRScheduler
 from timm.scheduler.scheduler import Scheduler
 
+from dali_train.config import (
+    LOOKAHEAD,
+    AnnealSchedulerConfig,
+    FlatCosSchedulerConfig,
+    OptimizerConfig,
+    SchedulerConfig,
+    StepSchedulerConfig,
+)
 from dali_train.errors import UserError
 
 log = logging.getLogger(__name__)
 
-SCHEDULER_NAMES = ("cosine", "flat_cos", "step", "linear")
-LOOKAHEAD = "lookahead_"  # timm's prefix: any optimizer wrapped in Lookahead (lookahead_radamw is Ranger)
 
 
 class OptimError(UserError):
@@ -48,84 +55,82 @@ def scaled_lr(base_lr: float, global_batch: int, scale: bool) -> float:
     return base_lr * global_batch / 256 if scale else base_lr
 
 
-def check_optimizer_name(name: str) -> None:
-    """`sgd`, or a name timm's optimizer registry knows, optionally with the `lookahead_` prefix."""
-    base = name.removeprefix(LOOKAHEAD)
-    if name != "sgd" and base not in list_optimizers():
-        close = [n for n in list_optimizers() if base[:4] and base[:4] in n][:6]
-        raise OptimError(
-            f"optimizer.name={name}: not a timm optimizer (similar: {', '.join(close) or 'none'}; "
-            "all: timm.optim.list_optimizers(), any of them with the lookahead_ prefix)"
-        )
-
-
-def _optimizer_kwargs(cfg_opt) -> dict:
+def _optimizer_kwargs(opt: OptimizerConfig) -> dict:
     """timm's name and the hyperparameters the chosen optimizer takes (its registry says which)."""
-    if cfg_opt.name == "sgd":
+    if opt.name == "sgd":  # an SgdConfig
         # timm's "sgd" is Nesterov SGD; "momentum" is plain heavy-ball momentum.
-        return dict(opt="nesterov" if cfg_opt.nesterov else "momentum", momentum=cfg_opt.momentum)
-    info = get_optimizer_info(cfg_opt.name.removeprefix(LOOKAHEAD))
-    kwargs = dict(opt=cfg_opt.name)
+        return dict(opt="nesterov" if opt.nesterov else "momentum", momentum=opt.momentum)
+    info = get_optimizer_info(opt.name.removeprefix(LOOKAHEAD))
+    kwargs = dict(opt=opt.name)
     if info.has_betas:
-        kwargs["betas"] = tuple(cfg_opt.betas)
+        kwargs["betas"] = tuple(opt.betas)
     if info.has_eps:
-        kwargs["eps"] = cfg_opt.eps
-    if info.has_momentum:
-        kwargs["momentum"] = cfg_opt.momentum
-    return kwargs
+        kwargs["eps"] = opt.eps
+    return {**kwargs, **opt.kwargs}
 
 
-def build_optimizer(cfg_opt, model: torch.nn.Module, *, global_batch: int) -> torch.optim.Optimizer:
-    check_optimizer_name(cfg_opt.name)
-    lr = scaled_lr(cfg_opt.lr, global_batch, cfg_opt.scale_lr)
-    kwargs = _optimizer_kwargs(cfg_opt)
-    optimizer = create_optimizer_v2(
-        model, lr=lr, weight_decay=cfg_opt.weight_decay, filter_bias_and_bn=cfg_opt.no_wd_norm_bias, **kwargs
-    )
+def build_optimizer(opt: OptimizerConfig, model: torch.nn.Module, *, global_batch: int) -> torch.optim.Optimizer:
+    """timm's `create_optimizer_v2` for `opt` (an SgdConfig or a TimmOptimizerConfig, checked)."""
+    lr = scaled_lr(opt.lr, global_batch, opt.scale_lr)
+    kwargs = _optimizer_kwargs(opt)
+    try:
+        optimizer = create_optimizer_v2(
+            model, lr=lr, weight_decay=opt.weight_decay, filter_bias_and_bn=opt.no_wd_norm_bias, **kwargs
+        )
+    except TypeError as e:  # an optimizer.kwargs entry the optimizer class does not take
+        raise OptimError(f"optimizer.kwargs={opt.kwargs}: {opt.name} rejected them ({e})") from None
     decayed = sum(p.numel() for g in optimizer.param_groups if g["weight_decay"] > 0 for p in g["params"])
     total = sum(p.numel() for g in optimizer.param_groups for p in g["params"])
     log.info(
         "optimizer: %s, lr %.4g (base %.4g × global batch %d / 256%s), weight decay %.3g on %d of %d parameters",
         kwargs["opt"],
         lr,
-        cfg_opt.lr,
+        opt.lr,
         global_batch,
-        "" if cfg_opt.scale_lr else ", not scaled",
-        cfg_opt.weight_decay,
+        "" if opt.scale_lr else ", not scaled",
+        opt.weight_decay,
         decayed,
         total,
     )
     return optimizer
 
 
-def build_scheduler(cfg_sched, optimizer: torch.optim.Optimizer, *, steps_per_epoch: int, epochs: int) -> Scheduler:
-    """A schedule over optimizer steps (not epochs): call `step_update(global_step)` every step."""
-    if cfg_sched.name not in SCHEDULER_NAMES:
-        raise OptimError(f"scheduler.name={cfg_sched.name}: unknown; choose one of {', '.join(SCHEDULER_NAMES)}")
-    warmup = round(cfg_sched.warmup_epochs * steps_per_epoch)
-    total = max(epochs * steps_per_epoch, 1)
-    common = dict(warmup_t=warmup, warmup_lr_init=cfg_sched.warmup_lr_init, warmup_prefix=True, t_in_epochs=False)
-    if cfg_sched.name == "cosine":
-        return CosineLRScheduler(optimizer, t_initial=max(total - warmup, 1), lr_min=cfg_sched.min_lr, **common)
-    if cfg_sched.name == "flat_cos":  # fastai's fit_flat_cos: peak LR, then a cosine anneal over the last steps
-        if not 0 <= cfg_sched.flat_frac < 1:
-            raise OptimError(f"scheduler.flat_frac={cfg_sched.flat_frac}: must be in [0, 1)")
-        flat = warmup + round(cfg_sched.flat_frac * max(total - warmup, 1))
-        return FlatCosineLRScheduler(
-            optimizer,
-            warmup_t=warmup,
-            warmup_lr_init=cfg_sched.warmup_lr_init,
-            flat_t=flat,
-            total_t=total,
-            lr_min=cfg_sched.min_lr,
-        )
-    if cfg_sched.name == "linear":  # FFCV's "cyclic": linear up to the peak, linear down to min_lr
-        return PolyLRScheduler(
-            optimizer, t_initial=max(total - warmup, 1), power=1.0, lr_min=cfg_sched.min_lr, **common
-        )
-    return StepLRScheduler(
-        optimizer,
-        decay_t=max(round(cfg_sched.decay_epochs * steps_per_epoch), 1),
-        decay_rate=cfg_sched.decay_rate,
-        **common,
+def _warmup(sched: SchedulerConfig, warmup: int) -> dict:
+    return dict(warmup_t=warmup, warmup_lr_init=sched.warmup_lr_init, warmup_prefix=True, t_in_epochs=False)
+
+
+def _cosine(sched: AnnealSchedulerConfig, optimizer, *, warmup: int, total: int, steps_per_epoch: int) -> Scheduler:
+    return CosineLRScheduler(optimizer, t_initial=max(total - warmup, 1), lr_min=sched.min_lr, **_warmup(sched, warmup))
+
+
+def _flat_cos(sched: FlatCosSchedulerConfig, optimizer, *, warmup: int, total: int, steps_per_epoch: int) -> Scheduler:
+    """fastai's fit_flat_cos: the peak LR, then a cosine anneal over the last steps."""
+    flat = warmup + round(sched.flat_frac * max(total - warmup, 1))
+    return FlatCosineLRScheduler(
+        optimizer, warmup_t=warmup, warmup_lr_init=sched.warmup_lr_init, flat_t=flat, total_t=total, lr_min=sched.min_lr
     )
+
+
+def _linear(sched: AnnealSchedulerConfig, optimizer, *, warmup: int, total: int, steps_per_epoch: int) -> Scheduler:
+    """FFCV's "cyclic": linear up to the peak, linear down to min_lr."""
+    t_initial = max(total - warmup, 1)
+    return PolyLRScheduler(optimizer, t_initial=t_initial, power=1.0, lr_min=sched.min_lr, **_warmup(sched, warmup))
+
+
+def _step(sched: StepSchedulerConfig, optimizer, *, warmup: int, total: int, steps_per_epoch: int) -> Scheduler:
+    decay_t = max(round(sched.decay_epochs * steps_per_epoch), 1)
+    return StepLRScheduler(optimizer, decay_t=decay_t, decay_rate=sched.decay_rate, **_warmup(sched, warmup))
+
+
+SCHEDULERS = {"cosine": _cosine, "flat_cos": _flat_cos, "linear": _linear, "step": _step}  # scheduler.name -> builder
+
+
+def build_scheduler(
+    sched: SchedulerConfig, optimizer: torch.optim.Optimizer, *, steps_per_epoch: int, epochs: int
+) -> Scheduler:
+    """A schedule over optimizer steps (not epochs): call `step_update(global_step)` every step."""
+    if sched.name not in SCHEDULERS:
+        raise OptimError(f"scheduler.name={sched.name}: unknown; choose one of {', '.join(SCHEDULERS)}")
+    warmup = round(sched.warmup_epochs * steps_per_epoch)
+    total = max(epochs * steps_per_epoch, 1)
+    return SCHEDULERS[sched.name](sched, optimizer, warmup=warmup, total=total, steps_per_epoch=steps_per_epoch)

@@ -40,18 +40,14 @@ import yaml
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from dali_train.config import register_configs
+from dali_train.config import COMPILE_MODES, Config, load_config, register_configs
 from dali_train.data import build_loaders
+from dali_train.device import amp_dtype_for, configure_backends, select_device, set_cuda_max_connections
 from dali_train.distributed import init_distributed, shutdown
-from dali_train.engine import train_step
-from dali_train.runtime import (
-    COMPILE_MODES,
-    amp_dtype_for,
-    build_train_parts,
-    configure_backends,
-    select_device,
-    set_cuda_max_connections,
-)
+from dali_train.engine import TrainParts, train_step
+from dali_train.loss import build_loss
+from dali_train.models import build_model, wrap_for_training
+from dali_train.optim import build_optimizer, build_scheduler
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 LOADERS = ("dali", "dali_cpu", "pytorch")  # the loaders a benchmark row or --variant can build on
@@ -62,10 +58,56 @@ TUNE_GRID = {  # --tune's default grid: loader=dali's knobs that moved e2e img/s
 }
 
 
-def make_cfg(overrides: list[str]):
+def make_cfg(overrides: list[str]) -> Config:
+    """The typed run config of `overrides`, as train.py composes and checks it."""
     register_configs()
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return compose("config", overrides=overrides)
+        return load_config(compose("config", overrides=overrides))
+
+
+def make_loaders(cfg: Config, dist, device, half: bool):
+    return build_loaders(
+        cfg.data, cfg.loader, dist, device, half=half, channels_last=cfg.trainer.channels_last, seed=cfg.seed
+    )
+
+
+def make_train_parts(cfg: Config, dist, device, *, num_classes: int, updates_per_epoch: int) -> TrainParts:
+    """The model, wrapped, with its loss, optimizer and schedule: train.py's build_train_parts
+    (without its seeding), from the same builders."""
+    tc = cfg.trainer
+    model, ema = wrap_for_training(
+        build_model(cfg.model, num_classes),
+        device,
+        dist,
+        channels_last=tc.channels_last,
+        sync_bn=tc.sync_bn,
+        ema_decay=tc.ema_decay if tc.ema else None,
+        compile=tc.compile,
+        compile_mode=tc.compile_mode,
+    )
+    loss_fn, mixup = build_loss(
+        label_smoothing=tc.label_smoothing,
+        mixup_alpha=tc.mixup_alpha,
+        cutmix_alpha=tc.cutmix_alpha,
+        num_classes=num_classes,
+    )
+    global_batch = cfg.loader.batch_size * dist.world_size * tc.grad_accum_steps
+    optimizer = build_optimizer(cfg.optimizer, model, global_batch=global_batch)
+    amp_dtype = amp_dtype_for(tc.amp, device)
+    return TrainParts(
+        model=model,
+        optimizer=optimizer,
+        scheduler=build_scheduler(cfg.scheduler, optimizer, steps_per_epoch=updates_per_epoch, epochs=tc.epochs),
+        loss_fn=loss_fn,
+        device=device,
+        dist=dist,
+        amp_dtype=amp_dtype,
+        scaler=torch.amp.GradScaler(device.type) if amp_dtype == torch.float16 else None,
+        ema=ema,
+        mixup=mixup,
+        grad_accum_steps=tc.grad_accum_steps,
+        clip_grad_norm=tc.clip_grad_norm,
+    )
 
 
 class Endless:
@@ -228,7 +270,7 @@ def measure(loaders, work, cfg, dist, device, args, **profiling) -> dict:
 
 
 def bench_loader(cfg, dist, device, half, args) -> dict:
-    return measure(build_loaders(cfg, dist, device, half=half), lambda x, y: None, cfg, dist, device, args)
+    return measure(make_loaders(cfg, dist, device, half), lambda x, y: None, cfg, dist, device, args)
 
 
 def bench_training(cfg, dist, device, parts, loaders, args, loader_key: str) -> dict:
@@ -293,9 +335,9 @@ def run(args, dist, device) -> list[dict]:
                 loaders_by_name[name] = loader_cfg(args, common, name)
         parts = None
         for name, cfg in loaders_by_name.items():
-            loaders = build_loaders(cfg, dist, device, half=half)
+            loaders = make_loaders(cfg, dist, device, half)
             if parts is None:  # one model per (model, compile): e2e and model-only share it
-                parts = build_train_parts(
+                parts = make_train_parts(
                     cfg, dist, device, num_classes=loaders.num_classes, updates_per_epoch=len(loaders.train)
                 )
             r = bench_training(cfg, dist, device, parts, loaders, args, name)
@@ -317,10 +359,10 @@ def tune(args, dist, device) -> list[dict]:
     for values in itertools.product(*args.grid.values()):
         settings = dict(zip(keys, values, strict=True))
         cfg = make_cfg([*common, *(f"{k}={v}" for k, v in settings.items())])
-        loaders = build_loaders(cfg, dist, device, half=half)
+        loaders = make_loaders(cfg, dist, device, half)
         if parts is None:
-            parts = build_train_parts(
-                cfg, dist, device, num_classes=loaders.num_classes, loader_steps=len(loaders.train)
+            parts = make_train_parts(
+                cfg, dist, device, num_classes=loaders.num_classes, updates_per_epoch=len(loaders.train)
             )
         label = " ".join(f"{k.removeprefix('loader.')}={v}" for k, v in settings.items())
         r = bench_training(cfg, dist, device, parts, loaders, args, "dali")
@@ -331,15 +373,15 @@ def tune(args, dist, device) -> list[dict]:
 
 
 def write_best(rows: list[dict], path: Path) -> str:
-    """Merge the fastest --tune point into `path` (a conf/local file, `# @package _global_`)."""
+    """Merge the fastest --tune point into `path`: conf/local/loader/dali.yaml, which loader=dali
+    reads after its own keys (its keys exist only in the DALI loaders' schema)."""
     best = max(rows, key=lambda r: r["img_s"])
     conf = OmegaConf.load(path) if path.is_file() else OmegaConf.create()
     for key, value in best["settings"].items():
-        OmegaConf.update(conf, key, value, force_add=True)
+        OmegaConf.update(conf, key.removeprefix("loader."), value, force_add=True)
     header = (
-        "# @package _global_\n"
-        f"# loader: fastest e2e setting of `scripts/benchmark.py --tune` ({best['model']}, compile={best['compile']}, "
-        f"{best['img_s']:.0f} img/s, {time.strftime('%Y-%m-%d')}); it applies to whichever loader= is chosen.\n"
+        f"# loader=dali: fastest e2e setting of `scripts/benchmark.py --tune` ({best['model']}, "
+        f"compile={best['compile']}, {best['img_s']:.0f} img/s, {time.strftime('%Y-%m-%d')}).\n"
     )
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(header + OmegaConf.to_yaml(conf))
@@ -473,7 +515,10 @@ def parse_args(argv: list[str]):
         help="--tune's grid (default: %(default)s)",
     )
     ap.add_argument(
-        "--local", type=Path, default=CONF / "local" / "default.yaml", help="where --tune merges the best (git-ignored)"
+        "--local",
+        type=Path,
+        default=CONF / "local" / "loader" / "dali.yaml",
+        help="where --tune merges the best (git-ignored; loader=dali reads it)",
     )
     own, _, overrides = (argv + ["--"])[: (argv + ["--"]).index("--")], None, argv[(argv + ["--"]).index("--") + 1 :]
     args = ap.parse_args(own)

@@ -33,7 +33,8 @@ if [ "${SMOKE:-0}" = 1 ]; then
   FARM_OVERRIDES="trainer.device=cpu loader.batch_size=16"
   DATA=/tmp/gpu-benchmark-smoke-x$LINKS RUNS=/tmp/gpu-benchmark-smoke-runs WINDOWS="--steps 2 --warmup 1 --repeats 2"
   COMMON="data=imagenet data.root=$DATA loader.batch_size=8 trainer.device=cpu data.train_size=32 data.val_resize=36 \
-data.val_size=32 loader.num_threads=1 trainer.max_val_steps=2 trainer.max_steps_per_epoch=3"
+data.val_size=32 trainer.max_val_steps=2 trainer.max_steps_per_epoch=3"
+  DALI_SMOKE="loader.num_threads=1"  # a key of the DALI loaders only: not in COMMON, which model-only (synthetic) runs get
   nvidia-smi() { echo "SMOKE=1: CPU"; }
 fi
 step() { echo "=== $* ($(date +%T), $SECONDS s)"; }
@@ -56,7 +57,8 @@ bench() {  # NAME TIMEOUT [LAUNCHER...] -- BENCHMARK ARGS: results.json -> OUT/N
   local name=$1 limit=$2; shift 2
   local launcher=(); while [ "$1" != "--" ]; do launcher+=("$1"); shift; done; shift
   step "benchmark $name: ${launcher[*]} $*"
-  timeout "$limit" "${launcher[@]}" scripts/benchmark.py "$@" $WINDOWS --out "$RUNS/$name" -- $COMMON \
+  timeout "$limit" "${launcher[@]}" scripts/benchmark.py "$@" $WINDOWS ${DALI_SMOKE:+--loader-set dali:$DALI_SMOKE} \
+    --out "$RUNS/$name" -- $COMMON \
     data.verify_files=false 2>&1 | quiet | grep -vE "^(date|torch|python|device|processes|dali|CUDA_DEVICE)"
   cp "$RUNS/$name/results.json" "$OUT/$name.json" 2>/dev/null || echo "benchmark $name: no results (timeout $limit s?)"
 }
@@ -64,7 +66,7 @@ bench() {  # NAME TIMEOUT [LAUNCHER...] -- BENCHMARK ARGS: results.json -> OUT/N
 train() {  # NAME TIMEOUT LAUNCHER...: train.py, 2 epochs of the long set, ResNet-18 eager
   local name=$1 limit=$2; shift 2
   step "train.py $name: $* 2 epochs, resnet18"
-  timeout "$limit" "$@" train.py $COMMON model=resnet18 trainer.epochs=2 trainer.log_every_n_steps=125 \
+  timeout "$limit" "$@" train.py $COMMON $DALI_SMOKE model=resnet18 trainer.epochs=2 trainer.log_every_n_steps=125 \
     hydra.run.dir="$RUNS/$name" 2>&1 | grep -E "data:|epoch [0-9]+:|done:|rror|CUDA_DEVICE" | tail -8
   cp "$RUNS/$name/metrics.jsonl" "$OUT/$name.metrics.jsonl" 2>/dev/null || echo "train.py $name: no metrics"
 }

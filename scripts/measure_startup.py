@@ -26,12 +26,12 @@ from pathlib import Path
 
 from hydra import compose, initialize_config_dir
 
-from dali_train.config import register_configs
+from dali_train.config import load_config, register_configs
 from dali_train.data import build_loaders
 from dali_train.data.folder import find_bad_files, scan_dataset
 from dali_train.data.sample import link_copies, make_image_folder
+from dali_train.device import amp_dtype_for, select_device, set_cuda_max_connections
 from dali_train.distributed import DistInfo
-from dali_train.runtime import amp_dtype_for, select_device, set_cuda_max_connections
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 
@@ -67,7 +67,8 @@ def main() -> None:
 
     register_configs()
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        cfg = compose("config", overrides=["data=imagenet", f"data.root={root}", "data.verify_files=false", *overrides])
+        overrides = ["data=imagenet", f"data.root={root}", "data.verify_files=false", *overrides]
+        cfg = load_config(compose("config", overrides=overrides))
     set_cuda_max_connections(cfg.trainer.cuda_max_connections)
     dist = DistInfo(0, 0, 1)
     device = select_device(cfg.trainer.device, dist)
@@ -89,7 +90,10 @@ def main() -> None:
     bad = find_bad_files(dataset.train.files + dataset.val.files)
     result["bad_files"] = len(bad)
     phase("preflight_check", t)
-    loaders = build_loaders(cfg, dist, device, half=amp_dtype_for(cfg.trainer.amp, device) is not None)
+    half = amp_dtype_for(cfg.trainer.amp, device) is not None
+    loaders = build_loaders(
+        cfg.data, cfg.loader, dist, device, half=half, channels_last=cfg.trainer.channels_last, seed=cfg.seed
+    )
     t = time.perf_counter()
     loaders.train.set_epoch(0)
     next(iter(loaders.train))

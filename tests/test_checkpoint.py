@@ -16,9 +16,9 @@ import torch
 
 from dali_train.checkpoint import Checkpointer, CheckpointError, CheckpointMeta, read_checkpoint, restore_rng, rng_state
 from dali_train.distributed import DistInfo
+from dali_train.engine import updates_per_epoch
 from dali_train.errors import UserError
 from dali_train.models import ModelError, load_pretrained
-from dali_train.runtime import updates_per_epoch
 
 
 class RunsShell:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,15 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
-from dali_train.config import register_configs
+from dali_train.config import (
+    LOADER_SCHEMAS,
+    SCHEDULER_SCHEMAS,
+    SgdConfig,
+    TimmOptimizerConfig,
+    load_config,
+    register_configs,
+)
+from dali_train.errors import UserError
 from tests.conftest import REPO, run_train
 
 CONF = REPO / "conf"
@@ -42,12 +51,17 @@ def test_every_option_of_a_group_composes(hydra_conf, group):
     for name in names:
         cfg = compose("config", overrides=[f"{group}={name}", "data.root=/x"])
         node = cfg[group]
-        # The option name, the file name and the `name` key agree (models: timm names).
-        if (group, name) == ("optimizer", "ranger"):  # a recipe of timm's optimizer under its own name
-            assert node.name == "lookahead_radamw"
-        elif group in ("loader", "optimizer", "scheduler", "data"):
+        # The option name, the file name and the `name` key agree (models and optimizers: timm names).
+        if group in ("loader", "scheduler", "data"):
             assert node.name == name
         OmegaConf.to_container(cfg.loader, throw_on_missing=True)
+        # Each option converts to its own typed schema, every value checked.
+        typed = load_config(cfg)
+        schema = {"loader": LOADER_SCHEMAS, "scheduler": SCHEDULER_SCHEMAS}.get(group, {}).get(name)
+        if schema is not None:
+            assert type(getattr(typed, group)) is schema
+        if group == "optimizer":
+            assert type(typed.optimizer) is (SgdConfig if name == "sgd" else TimmOptimizerConfig)
 
 
 def test_default_sample_root_resolves_outside_hydra_main(hydra_conf):
@@ -67,6 +81,57 @@ def test_typos_and_wrong_types_fail_at_composition(hydra_conf, override):
         compose("config", overrides=[override])
 
 
+@pytest.mark.parametrize(
+    "overrides, key",
+    [
+        (["optimizer=adamw", "optimizer.momentum=0.1"], "optimizer.momentum"),
+        (["optimizer=sgd", "optimizer.betas=[0.9,0.99]"], "optimizer.betas"),
+        (["loader=dali", "loader.num_workers=3"], "loader.num_workers"),
+        (["loader=pytorch", "loader.num_threads=3"], "loader.num_threads"),
+        (["loader=synthetic", "loader.hw_decoder_load=0.5"], "loader.hw_decoder_load"),
+        (["scheduler=cosine", "scheduler.flat_frac=0.5"], "scheduler.flat_frac"),
+        (["scheduler=step", "scheduler.min_lr=0.1"], "scheduler.min_lr"),
+    ],
+)
+def test_a_key_of_another_option_fails_at_composition_like_a_typo(hydra_conf, overrides, key):
+    with pytest.raises(ConfigCompositionException) as e:
+        compose("config", overrides=overrides)
+    assert e.value.__cause__.full_key == key
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["loader=pytorch", "loader.name=dali"], "loader.name=dali: not an option of this schema; choose one of pytorch"),
+        (["optimizer=adamw", "optimizer.name=adamm"], "optimizer.name=adamm: not a timm optimizer"),
+        (["optimizer=adamw", "optimizer.name=sgd"], "optimizer.name=sgd: use optimizer=sgd"),
+        (["scheduler=flat_cos", "scheduler.flat_frac=1.0"], "scheduler.flat_frac=1.0: must be in [0, 1)"),
+        (["data.val_resize_mode=long"], "data.val_resize_mode=long: unknown; choose one of shorter, whole"),
+        (["trainer.mixup_alpha=0.2", "loader.batch_size=3"], "loader.batch_size=3: Mixup/CutMix needs an even"),
+    ],
+)
+def test_option_values_are_checked_by_the_schema_before_any_work(hydra_conf, overrides, message):
+    cfg = compose("config", overrides=overrides)
+    with pytest.raises(UserError) as e:
+        load_config(cfg)
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_each_default_exists_once_in_the_schema():
+    """The option files set only what differs between options: no key restates its schema's default."""
+    register_configs()
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        for group in ("loader", "optimizer", "scheduler", "model"):
+            for name in options(group):
+                schema = type(getattr(load_config(compose("config", overrides=[f"{group}={name}"])), group))
+                defaults = {f.name: f.default for f in dataclasses.fields(schema)}
+                for key, value in OmegaConf.load(CONF / group / f"{name}.yaml").items():
+                    if key not in ("defaults", "name"):
+                        assert defaults[key] != value, f"conf/{group}/{name}.yaml restates the default of {key}"
+    GlobalHydra.instance().clear()
+
+
 def test_imagenet_root_is_required(hydra_conf):
     cfg = compose("config", overrides=["data=imagenet"])
     assert OmegaConf.is_missing(cfg.data, "root")
@@ -79,6 +144,18 @@ def test_typo_on_the_command_line_exits_before_any_work(tmp_path):
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "batchsize" in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "overrides, key",
+    [(["optimizer=adamw", "optimizer.momentum=0.1"], "optimizer.momentum"), (["loader.num_workers=3"], "loader.num_workers")],
+)
+def test_a_key_of_another_option_is_one_error_line_and_exit_2(overrides, key):
+    proc = run_train([*overrides, "--cfg", "job"], check=False, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {key}: ") and proc.stdout == "", proc.stderr
 
 
 @pytest.mark.slow

@@ -10,7 +10,7 @@ from timm.scheduler import CosineLRScheduler
 
 from dali_train.distributed import DistInfo
 from dali_train.engine import TrainParts, train_step
-from dali_train.runtime import prepare_model
+from dali_train.models import wrap_for_training
 from tests.conftest import TINY, exit_code, run_inprocess
 
 ONE_STEP = ["trainer.epochs=1", "trainer.max_steps_per_epoch=1", "trainer.max_val_steps=1"]
@@ -38,7 +38,7 @@ def _parts(compile_mode: str | None) -> TrainParts:
         torch.nn.Flatten(), torch.nn.Linear(8, 4),
     )  # fmt: skip
     device = torch.device("cpu")
-    model, ema = prepare_model(
+    model, ema = wrap_for_training(
         net,
         device,
         DistInfo(0, 0, 1),

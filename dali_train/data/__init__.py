@@ -1,6 +1,7 @@
 """Data loading: one batch contract, four implementations, chosen by `loader=<name>`.
 
-`build_loaders(cfg, dist, device, half=...)` is the only function here that reads the config.
+`build_loaders(data, loader, dist, device, ...)` takes the typed `DataConfig` and the loader
+option's schema (`dali_train.config`), and picks the implementation by `loader.name`.
 """
 
 from __future__ import annotations
@@ -13,16 +14,21 @@ from typing import Protocol
 
 import torch
 
+from dali_train.config import (
+    DaliLoaderConfig,
+    DataConfig,
+    LoaderConfig,
+    PytorchLoaderConfig,
+    SyntheticLoaderConfig,
+)
 from dali_train.data.folder import DatasetError, ImageFolderDataset, find_bad_files, scan_dataset, warn_excluded
 from dali_train.data.order import padding_per_epoch, steps_per_epoch
 from dali_train.data.sample import make_image_folder
+from dali_train.data.transform import Transform
 from dali_train.distributed import DistInfo, all_gather_lists, barrier
 
 log = logging.getLogger(__name__)
 
-LOADER_NAMES = ("dali", "dali_cpu", "pytorch", "synthetic")
-TRAIN_TRANSFORMS = ("random_resized_crop", "resize")
-VAL_RESIZE_MODES = ("shorter", "whole")
 
 
 class Loader(Protocol):
@@ -44,11 +50,11 @@ class Loaders:
     dataset: ImageFolderDataset | None  # None for the synthetic loader
 
 
-def progressive_size(cfg_data) -> Callable[[int], int]:
+def progressive_size(data: DataConfig) -> Callable[[int], int]:
     """epoch -> train crop side: constant, or FFCV-style linear ramp rounded to `step` px."""
-    p = cfg_data.progressive
+    p = data.progressive
     if not p.enabled:
-        return lambda epoch: cfg_data.train_size
+        return lambda epoch: data.train_size
 
     def size_at(epoch: int) -> int:
         frac = min(max((epoch - p.start_epoch) / max(p.end_epoch - p.start_epoch, 1), 0.0), 1.0)
@@ -66,35 +72,62 @@ def prepare_sample_data(root: str, dist: DistInfo) -> None:
     barrier(dist)
 
 
-def build_loaders(cfg, dist: DistInfo, device: torch.device, *, half: bool) -> Loaders:
-    """Train and val loaders for `cfg.loader.name` on `device` (cfg: the whole run config)."""
-    from dali_train.data.dali import DaliLoader, DaliSettings, Placement
-    from dali_train.data.pytorch import TorchLoader
+def _synthetic(data: DataConfig, loader: SyntheticLoaderConfig, dist: DistInfo, **common) -> Loaders:
     from dali_train.data.synthetic import SyntheticLoader
-    from dali_train.data.transform import Transform
 
-    data, lc = cfg.data, cfg.loader
-    if lc.name not in LOADER_NAMES:
-        raise DatasetError(f"loader.name={lc.name}: unknown; choose one of {', '.join(LOADER_NAMES)}")
-    for key, value, valid in (
-        ("data.train_transform", data.train_transform, TRAIN_TRANSFORMS),
-        ("data.val_resize_mode", data.val_resize_mode, VAL_RESIZE_MODES),
-    ):
-        if value not in valid:
-            raise DatasetError(f"{key}={value}: unknown; choose one of {', '.join(valid)}")
-    channels_last = device.type == "cuda" and cfg.trainer.channels_last
-    if lc.name == "synthetic":
-        common = dict(
-            batch_size=lc.batch_size,
-            num_classes=lc.synthetic_num_classes,
-            device=device,
-            half=half,
-            channels_last=channels_last,
-        )
-        train = SyntheticLoader(steps=lc.synthetic_steps, size=data.train_size, seed=cfg.seed + dist.rank, **common)
-        val = SyntheticLoader(steps=lc.synthetic_val_steps, size=data.val_size, seed=cfg.seed + 1, **common)
-        n_val = lc.synthetic_val_steps * lc.batch_size * dist.world_size
-        return Loaders(train, val, lc.synthetic_num_classes, n_val, None)
+    seed = common.pop("seed")
+    common.update(batch_size=loader.batch_size, num_classes=loader.synthetic_num_classes)
+    train = SyntheticLoader(steps=loader.synthetic_steps, size=data.train_size, seed=seed + dist.rank, **common)
+    val = SyntheticLoader(steps=loader.synthetic_val_steps, size=data.val_size, seed=seed + 1, **common)
+    n_val = loader.synthetic_val_steps * loader.batch_size * dist.world_size
+    return Loaders(train, val, loader.synthetic_num_classes, n_val, None)
+
+
+def _pytorch(dataset: ImageFolderDataset, loader: PytorchLoaderConfig, **common) -> tuple[Loader, Loader]:
+    from dali_train.data.pytorch import TorchLoader
+
+    extra = dict(
+        num_workers=loader.num_workers, pin_memory=loader.pin_memory, persistent_workers=loader.persistent_workers
+    )
+    return (
+        TorchLoader(dataset.train, train=True, **common, **extra),
+        TorchLoader(dataset.val, train=False, **common, **extra),
+    )
+
+
+def _dali(dataset: ImageFolderDataset, loader: DaliLoaderConfig, **common) -> tuple[Loader, Loader]:
+    from dali_train.data.dali import DaliLoader, Placement
+
+    placement = Placement.choose(loader.name, common["device"])
+    if loader.name == "dali" and placement.decoder == "cpu":
+        log.warning("loader=dali: no CUDA device, so DALI decodes on CPU threads (as loader=dali_cpu)")
+    return (
+        DaliLoader(dataset.train, train=True, placement=placement, settings=loader, **common),
+        DaliLoader(dataset.val, train=False, placement=placement, settings=loader, **common),
+    )
+
+
+FILE_LOADERS = {"dali": _dali, "dali_cpu": _dali, "pytorch": _pytorch}  # loader.name -> builder; plus synthetic
+
+
+def build_loaders(
+    data: DataConfig,
+    loader: LoaderConfig,
+    dist: DistInfo,
+    device: torch.device,
+    *,
+    half: bool,
+    channels_last: bool,
+    seed: int,
+) -> Loaders:
+    """Train and val loaders of `loader` (its option's schema) over `data`, on `device`.
+
+    half: fp16 images (AMP); channels_last: NHWC on CUDA; seed: the run's base seed."""
+    channels_last = device.type == "cuda" and channels_last
+    if loader.name == "synthetic":
+        return _synthetic(data, loader, dist, device=device, half=half, channels_last=channels_last, seed=seed)
+    if loader.name not in FILE_LOADERS:
+        raise DatasetError(f"loader.name={loader.name}: unknown; choose one of {', '.join([*FILE_LOADERS, 'synthetic'])}")
 
     if data.generate_sample:
         prepare_sample_data(data.root, dist)
@@ -116,36 +149,18 @@ def build_loaders(cfg, dist: DistInfo, device: torch.device, *, half: bool) -> L
         random_crop=data.train_transform == "random_resized_crop",
         val_resize_whole=data.val_resize_mode == "whole",
     )
-    common = dict(
-        batch_size=lc.batch_size,
+    train, val = FILE_LOADERS[loader.name](
+        dataset,
+        loader,
+        batch_size=loader.batch_size,
         dist=dist,
         device=device,
         transform=transform,
-        seed=cfg.seed,
+        seed=seed,
         train_size_at=progressive_size(data),
     )
-    if lc.name == "pytorch":
-        extra = dict(num_workers=lc.num_workers, pin_memory=lc.pin_memory, persistent_workers=lc.persistent_workers)
-        train = TorchLoader(dataset.train, train=True, **common, **extra)
-        val = TorchLoader(dataset.val, train=False, **common, **extra)
-    else:
-        placement = Placement.choose(lc.name, device)
-        if lc.name == "dali" and placement.decoder == "cpu":
-            log.warning("loader=dali: no CUDA device, so DALI decodes on CPU threads (as loader=dali_cpu)")
-        settings = DaliSettings(
-            num_threads=lc.num_threads,
-            prefetch_queue_depth=lc.prefetch_queue_depth,
-            hw_decoder_load=lc.hw_decoder_load,
-            preallocate_width_hint=lc.preallocate_width_hint,
-            preallocate_height_hint=lc.preallocate_height_hint,
-            device_memory_padding=lc.device_memory_padding,
-            host_memory_padding=lc.host_memory_padding,
-            exec_dynamic=lc.exec_dynamic,
-        )
-        train = DaliLoader(dataset.train, train=True, placement=placement, settings=settings, **common)
-        val = DaliLoader(dataset.val, train=False, placement=placement, settings=settings, **common)
-    steps = steps_per_epoch(len(dataset.train), lc.batch_size, dist.world_size)
-    padding = padding_per_epoch(len(dataset.train), lc.batch_size, dist.world_size)
+    steps = steps_per_epoch(len(dataset.train), loader.batch_size, dist.world_size)
+    padding = padding_per_epoch(len(dataset.train), loader.batch_size, dist.world_size)
     log.info(
         "data: %s, %d classes, %d train / %d val files; loader=%s, batch %d per rank × %d ranks = %d global; "
         "%d steps/epoch (%d files repeated to fill the last global batch)",
@@ -153,10 +168,10 @@ def build_loaders(cfg, dist: DistInfo, device: torch.device, *, half: bool) -> L
         dataset.num_classes,
         len(dataset.train),
         len(dataset.val),
-        lc.name,
-        lc.batch_size,
+        loader.name,
+        loader.batch_size,
         dist.world_size,
-        lc.batch_size * dist.world_size,
+        loader.batch_size * dist.world_size,
         steps,
         padding,
     )

@@ -24,6 +24,7 @@ import torch
 from nvidia.dali import fn, pipeline_def, types
 from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
 
+from dali_train.config import DaliLoaderConfig
 from dali_train.data.folder import EXCLUDE_HINT, DatasetError, Split
 from dali_train.data.order import EpochOrder, contiguous_shard, epoch_order, steps_per_epoch
 from dali_train.data.transform import Transform
@@ -45,21 +46,7 @@ class Placement:
         return Placement("mixed" if loader_name == "dali" else "cpu", True, device.index or 0)
 
 
-@dataclass(frozen=True)
-class DaliSettings:
-    """Pipeline knobs from `conf/loader/*.yaml` (see config.LoaderConfig for their meaning)."""
-
-    num_threads: int
-    prefetch_queue_depth: int
-    hw_decoder_load: float
-    preallocate_width_hint: int
-    preallocate_height_hint: int
-    device_memory_padding: int
-    host_memory_padding: int
-    exec_dynamic: bool
-
-
-def _decoder_kwargs(placement: Placement, s: DaliSettings) -> dict:
+def _decoder_kwargs(placement: Placement, s: DaliLoaderConfig) -> dict:
     if placement.decoder != "mixed":
         return {}
     kwargs = {
@@ -156,7 +143,7 @@ class DaliLoader:
         dist: DistInfo,
         device: torch.device,
         placement: Placement,
-        settings: DaliSettings,
+        settings: DaliLoaderConfig,
         transform: Transform,
         seed: int,
         train_size_at: Callable[[int], int],

@@ -10,7 +10,7 @@ import torch
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 
-from dali_train.config import register_configs
+from dali_train.config import load_config, register_configs
 from dali_train.data import DatasetError, build_loaders, progressive_size
 from dali_train.data.order import epoch_order
 from dali_train.distributed import DistInfo
@@ -21,17 +21,27 @@ CPU = torch.device("cpu")
 
 
 def make_cfg(root, *overrides):
+    """The typed config; DALI loaders (the default loader is dali) with 2 threads."""
+    loader = next((o.split("=", 1)[1] for o in overrides if o.startswith("loader=")), "dali")
+    threads = ["loader.num_threads=2"] if loader.startswith("dali") else []
     register_configs()
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        return compose("config", overrides=["data=imagenet", f"data.root={root}", "loader.num_threads=2", *overrides])
+        return load_config(compose("config", overrides=["data=imagenet", f"data.root={root}", *threads, *overrides]))
+
+
+def workers(name: str, n: int) -> list[str]:
+    """The parallelism key of loader `name` (each loader option has its own keys)."""
+    return [f"loader.num_workers={n}"] if name == "pytorch" else []
 
 
 def loaders(root, *overrides, rank=0, world=1):
     """Loaders of one rank; ranks > 1 are simulated in this process, without a process group, so
     the (collective) pre-flight check is off there: test_train's torchrun runs cover it."""
     checks = [] if world == 1 else ["data.verify_files=false"]
-    return build_loaders(make_cfg(root, *checks, *overrides), DistInfo(rank, rank, world), CPU, half=False)
+    cfg = make_cfg(root, *checks, *overrides)
+    dist = DistInfo(rank, rank, world)
+    return build_loaders(cfg.data, cfg.loader, dist, CPU, half=False, channels_last=True, seed=cfg.seed)
 
 
 SMALL = ["data.train_size=32", "data.val_resize=36", "data.val_size=32", "loader.batch_size=16"]
@@ -39,7 +49,7 @@ SMALL = ["data.train_size=32", "data.val_resize=36", "data.val_size=32", "loader
 
 @pytest.mark.parametrize("name", ["dali", "dali_cpu", "pytorch"])
 def test_train_batches_follow_the_contract(sample_root, name):
-    ld = loaders(sample_root, f"loader={name}", "loader.num_workers=2", *SMALL)
+    ld = loaders(sample_root, f"loader={name}", *workers(name, 2), *SMALL)
     ld.train.set_epoch(0)
     batches = list(ld.train)
     assert len(batches) == len(ld.train) == -(-400 // 16)
@@ -140,11 +150,6 @@ def test_progressive_size_reaches_the_pipeline(sample_root):
     assert shapes == [24, 32, 40]
 
 
-# One DataLoader worker: after a worker's decode error, torch's iterator shutdown waits 5 s per
-# worker (its join timeout) for workers that do not exit; two made each of these tests 10 s longer.
-ONE_WORKER = ["loader.num_workers=1"]
-
-
 def plant(path: str) -> str:
     """Damage a JPEG's Huffman table in place: it passes the startup check, DALI cannot decode it."""
     Path(path).write_bytes(damage_huffman_table(Path(path).read_bytes()))
@@ -162,11 +167,13 @@ def copied_root(small_root, tmp_path) -> Path:
     return tmp_path / "data"
 
 
+# One DataLoader worker in the damaged-file tests: after a worker's decode error, torch's iterator
+# shutdown waits 5 s per worker (its join timeout) for workers that do not exit; two cost 10 s a test.
 @pytest.mark.parametrize("name", ["dali_cpu", "pytorch"])
 @pytest.mark.parametrize("folder", ["n00000000", "n00000007"])  # the first batch (read as DALI builds), a later one
 def test_a_damaged_val_file_is_a_one_line_error_naming_it(copied_root, name, folder):
     bad = plant(str(sorted(copied_root.glob(f"val/{folder}/*.JPEG"))[0]))
-    ld = loaders(copied_root, f"loader={name}", *ONE_WORKER, *SMALL, "loader.batch_size=8")
+    ld = loaders(copied_root, f"loader={name}", *workers(name, 1), *SMALL, "loader.batch_size=8")
     assert bad in ld.dataset.val.files  # the startup check let it through
     with pytest.raises(DatasetError) as err:
         list(ld.val)
@@ -178,7 +185,7 @@ def test_a_damaged_val_file_is_a_one_line_error_naming_it(copied_root, name, fol
 def test_a_damaged_train_file_is_a_one_line_error_naming_it(copied_root, name, batch):
     """Batch 0 of epoch 1: DALI decodes it while the iterator is built, in set_epoch(1), which
     train.py calls before validating epoch 0. Batch 9: mid-epoch, beyond DALI's prefetch."""
-    ld = loaders(copied_root, f"loader={name}", *ONE_WORKER, *SMALL, "loader.batch_size=8")
+    ld = loaders(copied_root, f"loader={name}", *workers(name, 1), *SMALL, "loader.batch_size=8")
     ld.train.set_epoch(0)
     assert len(list(ld.train)) == 15  # a clean epoch 0
     order = epoch_order(120, seed=0, epoch=1, batch_size=8, world_size=1).rank_block(0, 1)

@@ -18,8 +18,9 @@ pytestmark = [
 @pytest.mark.parametrize("name", ["dali", "dali_cpu", "pytorch", "synthetic"])
 def test_gpu_batches_are_fp16_channels_last_on_the_device(sample_root, name):
     device = torch.device("cuda", 0)
-    cfg = make_cfg(sample_root, f"loader={name}", "loader.num_workers=2", "loader.synthetic_steps=2", *SMALL)
-    ld = build_loaders(cfg, DistInfo(0, 0, 1), device, half=True)
+    extra = {"pytorch": ["loader.num_workers=2"], "synthetic": ["loader.synthetic_steps=2"]}.get(name, [])
+    cfg = make_cfg(sample_root, f"loader={name}", *extra, *SMALL)
+    ld = build_loaders(cfg.data, cfg.loader, DistInfo(0, 0, 1), device, half=True, channels_last=True, seed=cfg.seed)
     ld.train.set_epoch(0)
     images, labels = next(iter(ld.train))
     assert images.device == device and labels.device == device

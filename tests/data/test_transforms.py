@@ -6,7 +6,7 @@ import pytest
 import torch
 from PIL import Image
 
-from tests.data.test_loaders import loaders
+from tests.data.test_loaders import loaders, workers
 
 STRETCH = ["data.train_size=32", "data.val_size=32", "loader.batch_size=4", "data.train_transform=resize"]
 
@@ -52,7 +52,7 @@ def test_train_resize_is_the_whole_image_squished_then_maybe_flipped(wide_root, 
     ld = loaders(
         wide_root,
         f"loader={name}",
-        "loader.num_workers=0",
+        *workers(name, 0),
         *STRETCH,
         "data.val_resize_mode=whole",
         "data.val_resize=32",
@@ -71,9 +71,9 @@ def test_train_resize_is_the_whole_image_squished_then_maybe_flipped(wide_root, 
 
 
 def test_unknown_transform_names_are_one_line_errors(wide_root):
-    from dali_train.data import DatasetError
+    from dali_train.errors import UserError  # checked by the schema (dali_train.config), before any loader
 
-    with pytest.raises(DatasetError, match="data.train_transform=crop: unknown; choose one of"):
+    with pytest.raises(UserError, match="data.train_transform=crop: unknown; choose one of"):
         loaders(wide_root, "data.train_transform=crop")
-    with pytest.raises(DatasetError, match="data.val_resize_mode=longer: unknown"):
+    with pytest.raises(UserError, match="data.val_resize_mode=longer: unknown"):
         loaders(wide_root, "data.val_resize_mode=longer")

@@ -14,7 +14,7 @@ from hydra import compose, initialize_config_dir
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from dali_train.config import register_configs  # noqa: E402
+from dali_train.config import load_config, register_configs  # noqa: E402
 from dali_train.data import build_loaders  # noqa: E402
 from dali_train.distributed import init_distributed, shutdown  # noqa: E402
 
@@ -22,7 +22,7 @@ root, out = sys.argv[1], Path(sys.argv[2])
 dist = init_distributed()
 register_configs()
 with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-    cfg = compose(
+    cfg = load_config(compose(
         "config",
         overrides=[
             "data=imagenet",
@@ -34,8 +34,8 @@ with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
             "data.val_resize=32",
             "data.val_size=32",
         ],
-    )
-loaders = build_loaders(cfg, dist, torch.device("cpu"), half=False)
+    ))
+loaders = build_loaders(cfg.data, cfg.loader, dist, torch.device("cpu"), half=False, channels_last=False, seed=cfg.seed)
 loaders.train.set_epoch(0)
 train = [int(x) for _, labels in loaders.train for x in labels]
 val = [int(x) for _, labels in loaders.val for x in labels]

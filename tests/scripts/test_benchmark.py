@@ -12,7 +12,8 @@ import yaml
 from dali_train.profiling import summarize
 from tests.conftest import REPO, launch_env
 
-CPU_RUN = ["trainer.device=cpu", "data=imagenet", "data.train_size=32", "loader.batch_size=8", "loader.num_threads=1"]
+CPU_RUN = ["trainer.device=cpu", "data=imagenet", "data.train_size=32", "loader.batch_size=8"]
+THREADS = ["--loader-set", "dali_cpu:loader.num_threads=1"]  # a key of the DALI loaders only: set per loader
 
 
 def benchmark(args: list, *, nproc: int = 1, check: bool = True) -> subprocess.CompletedProcess:
@@ -63,7 +64,7 @@ def test_variants_hold_and_profile_on_cpu(sample_root, tmp_path):
         ["--modes", "loader", "e2e", "--models", "resnet18", "--loaders", "dali_cpu", "deep",
          "--variant", "deep=dali_cpu:loader.prefetch_queue_depth=3,loader.exec_dynamic=false",
          "--hold-batches", 2, "--steps", 2, "--warmup", 1, "--repeats", 1, "--profile", prof, "--out", out,
-         "--", *CPU_RUN, f"data.root={sample_root}"]
+         *THREADS, "--", *CPU_RUN, f"data.root={sample_root}"]
     )  # fmt: skip
     rows = json.loads((out / "results.json").read_text())["rows"]
     assert [(r["mode"], r["loader"]) for r in rows] == [
@@ -86,7 +87,7 @@ def test_under_torchrun_rank_zero_reports_for_both(sample_root, tmp_path):
     out = tmp_path / "bench"
     proc = benchmark(
         ["--modes", "model", "e2e", "--models", "resnet18", "--loaders", "dali_cpu", "--steps", 2, "--warmup", 1,
-         "--repeats", 1, "--out", out, "--", *CPU_RUN, f"data.root={sample_root}"],
+         "--repeats", 1, "--out", out, *THREADS, "--", *CPU_RUN, f"data.root={sample_root}"],
         nproc=2,
     )  # fmt: skip
     result = json.loads((out / "results.json").read_text())
@@ -128,7 +129,8 @@ def test_windows_stay_inside_one_epoch(sample_root, tmp_path):
     out = tmp_path / "bench"
     benchmark(
         ["--modes", "loader", "model", "--models", "resnet18", "--loaders", "dali_cpu", "--steps", 20, "--warmup", 5,
-         "--repeats", 3, "--out", out, "--", *CPU_RUN, "loader.num_threads=2", f"data.root={sample_root}"]
+         "--repeats", 3, "--out", out, "--loader-set", "dali_cpu:loader.num_threads=2",
+         "--", *CPU_RUN, f"data.root={sample_root}"]
     )  # fmt: skip
     loader, model = json.loads((out / "results.json").read_text())["rows"]
     assert len(loader["img_s_all"]) == 3 and loader["epoch_switches"] == 1  # drained once, outside any window
@@ -145,9 +147,9 @@ def test_windows_stay_inside_one_epoch(sample_root, tmp_path):
 
 @pytest.mark.slow
 def test_tune_measures_the_grid_end_to_end_and_merges_the_best(sample_root, tmp_path):
-    local = tmp_path / "local" / "default.yaml"
-    local.parent.mkdir()
-    local.write_text("# @package _global_\ndata:\n  root: /data/imagenet\nloader:\n  batch_size: 128\n")
+    local = tmp_path / "local" / "loader" / "dali.yaml"  # loader=dali's local file: its keys are DALI's
+    local.parent.mkdir(parents=True)
+    local.write_text("exec_dynamic: false\n")
     out = tmp_path / "bench"
     proc = benchmark(
         ["--tune", "--models", "resnet18", "--grid", "loader.num_threads=1,2", "loader.prefetch_queue_depth=2",
@@ -161,9 +163,6 @@ def test_tune_measures_the_grid_end_to_end_and_merges_the_best(sample_root, tmp_
     ]
     best = max(rows, key=lambda r: r["img_s"])["settings"]
     written = yaml.safe_load(local.read_text())
-    assert written == {
-        "data": {"root": "/data/imagenet"},
-        "loader": {"batch_size": 128, "num_threads": best["loader.num_threads"], "prefetch_queue_depth": 2},
-    }
-    assert local.read_text().startswith("# @package _global_") and "written to" in proc.stdout
+    assert written == {"exec_dynamic": False, "num_threads": best["loader.num_threads"], "prefetch_queue_depth": 2}
+    assert local.read_text().startswith("# loader=dali: fastest") and "written to" in proc.stdout
     assert "| tune | resnet18 | off | num_threads=1 prefetch_queue_depth=2 |" in proc.stdout

@@ -209,13 +209,14 @@ def test_benchmark_cpu_smoke(sample_root, tmp_path):
         1,
         "--out",
         out,
+        "--loader-set",
+        "dali_cpu:loader.num_threads=2",  # a key of the DALI loaders only: set per loader
         "--",
         "trainer.device=cpu",
         "data=imagenet",
         f"data.root={sample_root}",
         "data.train_size=32",
         "loader.batch_size=8",
-        "loader.num_threads=2",
     )
     rows = json.loads((out / "results.json").read_text())["rows"]
     assert [(r["mode"], r["loader"]) for r in rows] == [
