@@ -25,8 +25,10 @@ demo: install
 lint: install
 	$(BIN)/ruff check .
 
+# Two pytest-xdist workers: the 2-core CI machine runs one test's imports or DALI threads while
+# the other trains; the tests are parallel-safe (per-test tmp dirs and run dirs, free ports).
 test: lint
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2
 
 clean:
 	rm -rf outputs multirun .cache .pytest_cache
