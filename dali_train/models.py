@@ -133,6 +133,8 @@ def wrap_for_training(
     if channels_last and device.type == "cuda":
         model = model.to(memory_format=torch.channels_last)
     if sync_bn and dist.enabled:
+        if device.type != "cuda":  # DDP refuses SyncBatchNorm on CPU modules (a ValueError mid-setup)
+            raise ModelError("trainer.sync_bn=true: torch's SyncBatchNorm runs on CUDA devices only; set it false on CPU")
         model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
     ema = ModelEmaV3(model, decay=ema_decay, device=device) if ema_decay else None
     if compile:
