@@ -31,13 +31,11 @@ from collections import Counter
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+import numpy as np
+from PIL import Image
+from tqdm import tqdm
 
-import numpy as np  # noqa: E402
-from PIL import Image  # noqa: E402
-from tqdm import tqdm  # noqa: E402
-
-from dali_train.data.folder import list_images, sniff  # noqa: E402
+from dali_train.data.folder import list_images, sniff
 
 EXCLUDED_KINDS = {"zero-byte", "unreadable", "truncated", "corrupt-headers", "not-an-image", "undecodable", "corrupt-data"}
 EXT_FORMAT = {
