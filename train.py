@@ -24,13 +24,11 @@ import time
 from pathlib import Path
 
 import hydra
-import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
-from timm.utils import random_seed
 
 from dali_train.checkpoint import Checkpointer, CheckpointMeta
-from dali_train.config import Config, composition_error_line, load_config, register_configs
+from dali_train.config import composition_error_line, load_config, register_configs
 from dali_train.data import DatasetError, build_loaders
 from dali_train.device import amp_dtype_for, configure_backends, select_device, set_cuda_max_connections
 from dali_train.distributed import (
@@ -44,12 +42,10 @@ from dali_train.distributed import (
 )
 from dali_train.divergence import Diverged, nonfinite_tensors
 from dali_train.ending import COMPLETED, EXIT_USER, Ending, RunShape, ending_for, stopped_by_signal
-from dali_train.engine import LoopControl, TrainParts, evaluate, train_one_epoch, updates_per_epoch
+from dali_train.engine import LoopControl, evaluate, train_one_epoch, updates_per_epoch
 from dali_train.errors import UserError
 from dali_train.logs import MetricsWriter, input_bound_verdict, setup_logging
-from dali_train.loss import build_loss
-from dali_train.models import build_model, wrap_for_training
-from dali_train.optim import build_optimizer, build_scheduler
+from dali_train.parts import build_train_parts
 
 log = logging.getLogger("dali_train")
 
@@ -106,57 +102,6 @@ def end_run(writer: MetricsWriter, summary: dict, ending: Ending, started: float
         (log.warning if ending.exit_code > 128 else log.error)("run ended: %s: %s", ending.state, ending.message)
 
 
-def build_train_parts(
-    c: Config,
-    dist: DistInfo,
-    device: torch.device,
-    *,
-    num_classes: int,
-    updates_per_epoch: int,
-    global_batch: int,
-    amp_dtype: torch.dtype | None,
-) -> TrainParts:
-    """Model (wrapped: to device → EMA → compile → DDP), loss, optimizer, schedule and scaler.
-
-    The model is initialized from `seed` on every rank alike (EMA copies it before DDP would
-    broadcast rank 0's weights); rank-dependent RNG streams start after it."""
-    tc = c.trainer
-    random_seed(c.seed)
-    model = build_model(c.model, num_classes)
-    random_seed(c.seed, rank=1000 * dist.rank)
-    model, ema = wrap_for_training(
-        model,
-        device,
-        dist,
-        channels_last=tc.channels_last,
-        sync_bn=tc.sync_bn,
-        ema_decay=tc.ema_decay if tc.ema else None,
-        compile=tc.compile,
-        compile_mode=tc.compile_mode,
-    )
-    loss_fn, mixup = build_loss(
-        label_smoothing=tc.label_smoothing,
-        mixup_alpha=tc.mixup_alpha,
-        cutmix_alpha=tc.cutmix_alpha,
-        num_classes=num_classes,
-    )
-    optimizer = build_optimizer(c.optimizer, model, global_batch=global_batch)
-    return TrainParts(
-        model=model,
-        optimizer=optimizer,
-        scheduler=build_scheduler(c.scheduler, optimizer, steps_per_epoch=updates_per_epoch, epochs=tc.epochs),
-        loss_fn=loss_fn,
-        device=device,
-        dist=dist,
-        amp_dtype=amp_dtype,
-        scaler=torch.amp.GradScaler(device.type) if amp_dtype == torch.float16 else None,
-        ema=ema,
-        mixup=mixup,
-        grad_accum_steps=tc.grad_accum_steps,
-        clip_grad_norm=tc.clip_grad_norm,
-    )
-
-
 def train(cfg: DictConfig, dist: DistInfo, run_dir: Path, writer: MetricsWriter, summary: dict) -> Ending:
     c = load_config(cfg)  # typed, every value checked: a UserError names the key
     tc = c.trainer
@@ -176,9 +121,13 @@ def train(cfg: DictConfig, dist: DistInfo, run_dir: Path, writer: MetricsWriter,
     global_batch = c.loader.batch_size * dist.world_size * tc.grad_accum_steps
     summary.update(epochs=tc.epochs, global_batch=global_batch)
     parts = build_train_parts(
-        c,
-        dist,
-        device,
+        c.model,
+        c.optimizer,
+        c.scheduler,
+        tc,
+        seed=c.seed,
+        dist=dist,
+        device=device,
         num_classes=loaders.num_classes,
         updates_per_epoch=upe,
         global_batch=global_batch,

@@ -45,9 +45,7 @@ from dali_train.data import build_loaders
 from dali_train.device import amp_dtype_for, configure_backends, select_device, set_cuda_max_connections
 from dali_train.distributed import init_distributed, shutdown
 from dali_train.engine import TrainParts, train_step
-from dali_train.loss import build_loss
-from dali_train.models import build_model, wrap_for_training
-from dali_train.optim import build_optimizer, build_scheduler
+from dali_train.parts import build_train_parts
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 LOADERS = ("dali", "dali_cpu", "pytorch")  # the loaders a benchmark row or --variant can build on
@@ -72,41 +70,20 @@ def make_loaders(cfg: Config, dist, device, half: bool):
 
 
 def make_train_parts(cfg: Config, dist, device, *, num_classes: int, updates_per_epoch: int) -> TrainParts:
-    """The model, wrapped, with its loss, optimizer and schedule: train.py's build_train_parts
-    (without its seeding), from the same builders."""
+    """The model, wrapped, with its loss, optimizer and schedule, exactly as train.py builds them."""
     tc = cfg.trainer
-    model, ema = wrap_for_training(
-        build_model(cfg.model, num_classes),
-        device,
-        dist,
-        channels_last=tc.channels_last,
-        sync_bn=tc.sync_bn,
-        ema_decay=tc.ema_decay if tc.ema else None,
-        compile=tc.compile,
-        compile_mode=tc.compile_mode,
-    )
-    loss_fn, mixup = build_loss(
-        label_smoothing=tc.label_smoothing,
-        mixup_alpha=tc.mixup_alpha,
-        cutmix_alpha=tc.cutmix_alpha,
-        num_classes=num_classes,
-    )
-    global_batch = cfg.loader.batch_size * dist.world_size * tc.grad_accum_steps
-    optimizer = build_optimizer(cfg.optimizer, model, global_batch=global_batch)
-    amp_dtype = amp_dtype_for(tc.amp, device)
-    return TrainParts(
-        model=model,
-        optimizer=optimizer,
-        scheduler=build_scheduler(cfg.scheduler, optimizer, steps_per_epoch=updates_per_epoch, epochs=tc.epochs),
-        loss_fn=loss_fn,
-        device=device,
+    return build_train_parts(
+        cfg.model,
+        cfg.optimizer,
+        cfg.scheduler,
+        tc,
+        seed=cfg.seed,
         dist=dist,
-        amp_dtype=amp_dtype,
-        scaler=torch.amp.GradScaler(device.type) if amp_dtype == torch.float16 else None,
-        ema=ema,
-        mixup=mixup,
-        grad_accum_steps=tc.grad_accum_steps,
-        clip_grad_norm=tc.clip_grad_norm,
+        device=device,
+        num_classes=num_classes,
+        updates_per_epoch=updates_per_epoch,
+        global_batch=cfg.loader.batch_size * dist.world_size * tc.grad_accum_steps,
+        amp_dtype=amp_dtype_for(tc.amp, device),
     )
 
 

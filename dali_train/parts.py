@@ -1,0 +1,68 @@
+"""What one optimization step needs (engine.TrainParts), built from the typed config sections:
+train.py and scripts/benchmark.py assemble the same model, loss, optimizer and schedule."""
+
+from __future__ import annotations
+
+import torch
+from timm.utils import random_seed
+
+from dali_train.config import ModelConfig, OptimizerConfig, SchedulerConfig, TrainerConfig
+from dali_train.distributed import DistInfo
+from dali_train.engine import TrainParts
+from dali_train.loss import build_loss
+from dali_train.models import build_model, wrap_for_training
+from dali_train.optim import build_optimizer, build_scheduler
+
+
+def build_train_parts(
+    model_cfg: ModelConfig,
+    optimizer_cfg: OptimizerConfig,
+    scheduler_cfg: SchedulerConfig,
+    trainer: TrainerConfig,
+    *,
+    seed: int,
+    dist: DistInfo,
+    device: torch.device,
+    num_classes: int,
+    updates_per_epoch: int,
+    global_batch: int,
+    amp_dtype: torch.dtype | None,
+) -> TrainParts:
+    """Model (wrapped: to device → EMA → compile → DDP), loss, optimizer, schedule and scaler.
+
+    The model is initialized from `seed` on every rank alike (EMA copies it before DDP would
+    broadcast rank 0's weights); rank-dependent RNG streams start after it."""
+    random_seed(seed)
+    model = build_model(model_cfg, num_classes)
+    random_seed(seed, rank=1000 * dist.rank)
+    model, ema = wrap_for_training(
+        model,
+        device,
+        dist,
+        channels_last=trainer.channels_last,
+        sync_bn=trainer.sync_bn,
+        ema_decay=trainer.ema_decay if trainer.ema else None,
+        compile=trainer.compile,
+        compile_mode=trainer.compile_mode,
+    )
+    loss_fn, mixup = build_loss(
+        label_smoothing=trainer.label_smoothing,
+        mixup_alpha=trainer.mixup_alpha,
+        cutmix_alpha=trainer.cutmix_alpha,
+        num_classes=num_classes,
+    )
+    optimizer = build_optimizer(optimizer_cfg, model, global_batch=global_batch)
+    return TrainParts(
+        model=model,
+        optimizer=optimizer,
+        scheduler=build_scheduler(scheduler_cfg, optimizer, steps_per_epoch=updates_per_epoch, epochs=trainer.epochs),
+        loss_fn=loss_fn,
+        device=device,
+        dist=dist,
+        amp_dtype=amp_dtype,
+        scaler=torch.amp.GradScaler(device.type) if amp_dtype == torch.float16 else None,
+        ema=ema,
+        mixup=mixup,
+        grad_accum_steps=trainer.grad_accum_steps,
+        clip_grad_norm=trainer.clip_grad_norm,
+    )
