@@ -157,6 +157,7 @@ class ModelConfig:
     pretrained: str | None = None  # local checkpoint file to start from; hubs are never used
     kwargs: dict[str, Any] = field(default_factory=dict)  # more timm.create_model arguments (act_layer, block_args...)
     pretrained_strict: bool = True  # false: load the tensors that fit, warn with counts of the rest
+    self_attention: bool = False  # fastai xresnet's self-attention layer in layer1's last block (timm ResNets)
 
 
 # --- optimizer: conf/optimizer/<name>.yaml ---------------------------------------------------------

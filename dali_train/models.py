@@ -11,6 +11,7 @@ import torch
 from timm.models import clean_state_dict
 from timm.utils import ModelEmaV3
 
+from dali_train.attention import add_self_attention
 from dali_train.config import ModelConfig
 from dali_train.distributed import DistInfo
 from dali_train.errors import UserError
@@ -25,7 +26,7 @@ class ModelError(UserError):
 def build_model(spec: ModelConfig, num_classes: int) -> torch.nn.Module:
     """`timm.create_model(spec.name, **spec.kwargs)`: kwargs reach the model class (timm's ResNet
     takes act_layer, aa_layer, block_args={attn_layer: se}, cardinality, base_width, stem_type, ...),
-    then the weights of `spec.pretrained` when it is set."""
+    plus fastai's self-attention layer when asked, then the weights of `spec.pretrained` when set."""
     name = spec.name
     if not timm.is_model(name):
         close = timm.list_models(f"*{name.split('.')[0][:6]}*")[:5]
@@ -37,6 +38,8 @@ def build_model(spec: ModelConfig, num_classes: int) -> torch.nn.Module:
         model = timm.create_model(name, pretrained=False, num_classes=num_classes, **kwargs)
     except (TypeError, ValueError, KeyError, AssertionError) as e:  # a kwarg the model class does not take
         raise ModelError(f"model.kwargs={kwargs}: {name} rejected them ({type(e).__name__}: {e})") from None
+    if spec.self_attention:
+        add_self_attention(model)
     if spec.pretrained:
         load_pretrained(model, spec.pretrained, strict=spec.pretrained_strict)
     n_params = sum(p.numel() for p in model.parameters())
