@@ -29,7 +29,9 @@ def select_device(name: str, dist: DistInfo) -> torch.device:
         raise UserError("trainer.device=cuda: no CUDA device is visible; use trainer.device=cpu or auto")
     if name == "cpu" or (name == "auto" and not torch.cuda.is_available()):
         return torch.device("cpu")
-    return torch.device("cuda", dist.local_rank % torch.cuda.device_count())
+    device = torch.device("cuda", dist.local_rank % torch.cuda.device_count())
+    torch.cuda.set_device(device)  # this rank's GPU for NCCL and DALI (starts the CUDA context)
+    return device
 
 
 def amp_dtype_for(name: str, device: torch.device) -> torch.dtype | None:

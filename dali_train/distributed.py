@@ -66,11 +66,9 @@ def init_distributed() -> DistInfo:
     info = read_launch_env()
     if info.world_size == 1 or torch_dist.is_initialized():
         return info
-    if torch.cuda.is_available():
-        torch.cuda.set_device(info.local_rank % torch.cuda.device_count())
-        backend = "cpu:gloo,cuda:nccl"
-    else:
-        backend = "gloo"
+    # No CUDA call here: train.py joins the group before the config sets CUDA_DEVICE_MAX_CONNECTIONS,
+    # which a CUDA context fixes when it starts; device_count asks NVML, select_device picks the GPU.
+    backend = "cpu:gloo,cuda:nccl" if torch.cuda.device_count() > 0 else "gloo"
     # Until the config is read; then trainer.dist_timeout_s applies (set_collective_timeout).
     torch_dist.init_process_group(backend=backend, timeout=dt.timedelta(minutes=30))
     return info

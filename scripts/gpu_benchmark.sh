@@ -66,7 +66,7 @@ bench() {  # NAME TIMEOUT [LAUNCHER...] -- BENCHMARK ARGS: results.json -> OUT/N
 train() {  # NAME TIMEOUT LAUNCHER...: train.py, 2 epochs of the long set, ResNet-18 eager
   local name=$1 limit=$2; shift 2
   step "train.py $name: $* 2 epochs, resnet18"
-  timeout "$limit" "$@" train.py $COMMON $DALI_SMOKE model=resnet18 trainer.epochs=2 trainer.log_every_n_steps=125 \
+  timeout "$limit" "$@" train.py $COMMON ${DALI_SMOKE:-} model=resnet18 trainer.epochs=2 trainer.log_every_n_steps=125 \
     hydra.run.dir="$RUNS/$name" 2>&1 | grep -E "data:|epoch [0-9]+:|done:|rror|CUDA_DEVICE" | tail -8
   cp "$RUNS/$name/metrics.jsonl" "$OUT/$name.metrics.jsonl" 2>/dev/null || echo "train.py $name: no metrics"
 }

@@ -1,12 +1,18 @@
-"""Rank discovery: torchrun's variables, SLURM's srun variables, or one plain process."""
+"""Rank discovery (torchrun's variables, SLURM's srun variables, or one plain process) and joining the group."""
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
+import torch
 
 from dali_train.distributed import DistInfo, read_launch_env
+
+REPO = Path(__file__).resolve().parents[1]
 
 LAUNCH_VARS = [
     "RANK",
@@ -64,3 +70,22 @@ def test_srun_with_one_task_is_a_plain_process(clean_env):
     clean_env.setenv("SLURM_PROCID", "0")
     clean_env.setenv("SLURM_NTASKS", "1")
     assert read_launch_env() == DistInfo(0, 0, 1)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU: the subject is that no CUDA context starts")
+def test_joining_the_group_starts_no_cuda_context(tmp_path):
+    """train.py joins the group (for the shared run stamp) before its config sets
+    CUDA_DEVICE_MAX_CONNECTIONS, which a CUDA context fixes when it starts: joining must not start one."""
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        "import torch\n"
+        "from dali_train.distributed import shared_run_stamp, shutdown\n"
+        "shared_run_stamp()\n"
+        "print('cuda initialized:', torch.cuda.is_initialized())\n"
+        "shutdown()\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(probe)]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=180)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.count("cuda initialized: False") == 2, done.stdout
