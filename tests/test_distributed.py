@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 from dali_train.distributed import DistInfo, read_launch_env
 
@@ -72,20 +71,26 @@ def test_srun_with_one_task_is_a_plain_process(clean_env):
     assert read_launch_env() == DistInfo(0, 0, 1)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU: the subject is that no CUDA context starts")
-def test_joining_the_group_starts_no_cuda_context(tmp_path):
-    """train.py joins the group (for the shared run stamp) before its config sets
-    CUDA_DEVICE_MAX_CONNECTIONS, which a CUDA context fixes when it starts: joining must not start one."""
+@pytest.mark.slow  # a torchrun subprocess
+def test_the_run_stamp_is_shared_without_joining_the_group(tmp_path):
+    """train.py shares rank 0's run stamp before its config sets CUDA_DEVICE_MAX_CONNECTIONS;
+    joining the (NCCL) group starts CUDA, which fixes its queue count, so the stamp goes through
+    the launcher's rendezvous store and the group is joined later, in run()."""
     probe = tmp_path / "probe.py"
     probe.write_text(
-        "import torch\n"
-        "from dali_train.distributed import shared_run_stamp, shutdown\n"
-        "shared_run_stamp()\n"
-        "print('cuda initialized:', torch.cuda.is_initialized())\n"
+        "import torch, torch.distributed as td\n"
+        "from dali_train.distributed import init_distributed, shared_run_stamp, shutdown\n"
+        "stamp = shared_run_stamp()\n"
+        "print('stamp', stamp, 'group', td.is_initialized(), 'cuda', torch.cuda.is_initialized())\n"
+        "init_distributed()\n"
+        "print('joined', td.get_world_size())\n"
         "shutdown()\n"
     )
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(probe)]
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=180)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.count("cuda initialized: False") == 2, done.stdout
+    lines = [line.split() for line in done.stdout.splitlines() if line.startswith("stamp ")]
+    assert len(lines) == 2 and lines[0][1] == lines[1][1], done.stdout  # one stamp for both ranks
+    assert all(line[2:] == ["group", "False", "cuda", "False"] for line in lines), done.stdout
+    assert done.stdout.count("joined 2") == 2  # the same store then serves the group
