@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The Imagenette recipes as docs/recipes.md reports them: both recipes × seeds 0, 1, 2 at once on
-# one GPU (a 128 px model leaves most of an H200 idle), then mean ± std and time to accuracy.
+# The Imagenette recipes as docs/recipes.md reports them: both recipes × seeds 0, 1, 2 at once,
+# spread round-robin over the machine's GPUs (a 128 px model leaves most of an H200 idle), then
+# mean ± std and time to accuracy.
 #   bash scripts/gpu_imagenette.sh DATA_ROOT OUTDIR [RECIPE ...]   (default: both imagenette_128 recipes)
 set -uo pipefail
 DATA=${1:?data root}; OUT=${2:?output folder}; shift 2
@@ -8,11 +9,12 @@ RECIPES=${*:-imagenette_128_5ep imagenette_128_20ep}
 export PYTHONUNBUFFERED=1
 mkdir -p "$OUT/runs"
 runs=()
+gpus=$(nvidia-smi -L 2>/dev/null | wc -l); gpus=$(( gpus > 0 ? gpus : 1 ))
 start=$(date +%s)
 for recipe in $RECIPES; do
   for seed in 0 1 2; do
     dir=$OUT/runs/${recipe}_s$seed
-    python train.py +experiment="$recipe" data.root="$DATA" seed=$seed loader.num_threads=3 \
+    CUDA_VISIBLE_DEVICES=$(( ${#runs[@]} % gpus )) python train.py +experiment="$recipe" data.root="$DATA" seed=$seed loader.num_threads=3 \
       hydra.run.dir="$dir" > "$OUT/runs/${recipe}_s$seed.log" 2>&1 &
     runs+=("$dir")
   done
