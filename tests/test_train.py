@@ -221,8 +221,9 @@ def test_eval_only_and_a_checkpoint_of_another_model(sample_root, one_epoch, tmp
 
 @pytest.mark.slow
 def test_demo_learns_the_sample_set(sample_root, tmp_path):
-    """The sample set's class signal is learnable: well above the 10% of chance in 3 short epochs."""
-    demo = run_inprocess(["trainer.device=cpu", f"data.root={sample_root}", "trainer.epochs=3"], tmp_path / "run")
+    """The sample set's class signal is learnable: well above the 10% of chance in 2 short epochs
+    (the demo's settings; 87% top-1 after the second when measured, 95% after a third)."""
+    demo = run_inprocess(["trainer.device=cpu", f"data.root={sample_root}", "trainer.epochs=2"], tmp_path / "run")
     assert demo.summary["best_val_top1"] > 50.0
 
 
