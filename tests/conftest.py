@@ -206,20 +206,21 @@ def run_inprocess(overrides: list[str], run_dir: Path, *, check: bool = True) ->
 
 @dataclass
 class ScriptRun:
-    """What `python scripts/NAME ARGS` gave: its exit status and output."""
+    """What `python SCRIPT ARGS` gave: its exit status and output."""
 
     returncode: int
     stdout: str
     stderr: str
 
 
-def run_script(name: str, *args, capfd: pytest.CaptureFixture, check: bool = True) -> ScriptRun:
-    """`python scripts/NAME ARGS` in this process, as the interpreter runs a script: runpy as
-    `__main__`, its folder first on sys.path, SystemExit turned into the exit status as the
-    interpreter does (None: 0; a number: it; a message: printed to stderr, 1). Saves the 2-5 s of
-    imports a subprocess pays; `capfd` sees the file descriptors, so DALI's own output is in it.
-    Scripts whose subject is their process (torchrun, peak memory, forked workers) stay subprocesses."""
-    path = REPO / "scripts" / name
+def run_script(script: str, *args, capfd: pytest.CaptureFixture, check: bool = True) -> ScriptRun:
+    """`python SCRIPT ARGS` (a path in the checkout) in this process, as the interpreter runs a
+    script: runpy as `__main__`, its folder first on sys.path, SystemExit turned into the exit
+    status as the interpreter does (None: 0; a number: it; a message: printed to stderr, 1). Saves
+    the 2-5 s of imports a subprocess pays; `capfd` sees the file descriptors, so DALI's own output
+    is in it. Where a process is the subject (torchrun, signals, peak memory, forked workers that
+    decode) tests start subprocesses."""
+    path = REPO / script
     capfd.readouterr()
     saved_argv, saved_path = sys.argv, list(sys.path)
     sys.argv, sys.path[:0] = [str(path), *map(str, args)], [str(path.parent)]
@@ -237,7 +238,7 @@ def run_script(name: str, *args, capfd: pytest.CaptureFixture, check: bool = Tru
         sys.argv, sys.path[:] = saved_argv, saved_path
     out = capfd.readouterr()
     if check and returncode:
-        raise AssertionError(f"{name} exited {returncode}:\n{out.out[-3000:]}\n{out.err[-3000:]}")
+        raise AssertionError(f"{script} exited {returncode}:\n{out.out[-3000:]}\n{out.err[-3000:]}")
     return ScriptRun(returncode, out.out, out.err)
 
 

@@ -18,7 +18,7 @@ THREADS = ["--loader-set", "dali_cpu:loader.num_threads=1"]  # a key of the DALI
 
 def benchmark(args: list, capfd, *, check: bool = True) -> ScriptRun:
     """`python scripts/benchmark.py ARGS`, in this process (conftest.run_script)."""
-    return run_script("benchmark.py", *args, capfd=capfd, check=check)
+    return run_script("scripts/benchmark.py", *args, capfd=capfd, check=check)
 
 
 def benchmark_under_torchrun(args: list, nproc: int) -> subprocess.CompletedProcess:
@@ -116,7 +116,7 @@ def test_malformed_variant_is_refused(capfd):
 def test_profile_summary_names_a_file_that_is_no_trace(tmp_path, capfd):
     (tmp_path / "t.json").write_text("{}")
     for path in (tmp_path / "t.json", tmp_path / "missing.json.gz"):
-        proc = run_script("profile_summary.py", path, capfd=capfd, check=False)
+        proc = run_script("scripts/profile_summary.py", path, capfd=capfd, check=False)
         assert proc.returncode == 2 and f"{path}: not a readable torch.profiler Chrome trace" in proc.stderr
 
 

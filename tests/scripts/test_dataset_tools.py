@@ -52,14 +52,14 @@ def script(name: str, *args, check: bool = True) -> subprocess.CompletedProcess:
 @pytest.mark.parametrize("name", SCRIPTS)
 def test_every_script_has_help(name, capfd):
     """`python scripts/NAME --help`: argparse's usage, exit code 0."""
-    proc = run_script(name, "--help", capfd=capfd)
+    proc = run_script(f"scripts/{name}", "--help", capfd=capfd)
     assert proc.returncode == 0 and "usage:" in proc.stdout
 
 
 def test_make_synthetic_imagenet_is_deterministic_and_realistic(tmp_path, capfd):
     for out in ("a", "b"):
         run_script(
-            "make_synthetic_imagenet.py",
+            "scripts/make_synthetic_imagenet.py",
             "--out",
             tmp_path / out,
             "--classes",
@@ -78,7 +78,7 @@ def test_make_synthetic_imagenet_is_deterministic_and_realistic(tmp_path, capfd)
     with Image.open(files[0]) as im:
         assert im.size == (500, 375)
     assert 70_000 < sum(f.stat().st_size for f in files) / len(files) < 160_000
-    assert run_script("make_synthetic_imagenet.py", "--out", tmp_path / "a", capfd=capfd, check=False).returncode != 0
+    assert run_script("scripts/make_synthetic_imagenet.py", "--out", tmp_path / "a", capfd=capfd, check=False).returncode != 0
 
 
 @pytest.mark.slow
@@ -183,7 +183,7 @@ def test_benchmark_cpu_smoke(sample_root, tmp_path, capfd):
     """The benchmark's tiny CPU mode: dali_cpu and synthetic batches, a few steps, all outputs."""
     out = tmp_path / "bench"
     proc = run_script(
-        "benchmark.py",
+        "scripts/benchmark.py",
         "--modes",
         "loader",
         "model",
@@ -222,20 +222,20 @@ def test_benchmark_cpu_smoke(sample_root, tmp_path, capfd):
 
 def test_split_holdout_takes_a_seeded_share_of_each_class_and_never_val(sample_root, tmp_path, capfd):
     dst = tmp_path / "holdout"
-    run_script("split_holdout.py", sample_root, dst, "--fraction", "0.25", capfd=capfd)
+    run_script("scripts/split_holdout.py", sample_root, dst, "--fraction", "0.25", capfd=capfd)
     train = {p.name: p.resolve() for p in dst.glob("train/*/*")}
     held = {p.name: p.resolve() for p in dst.glob("val/*/*")}
     assert len(train) == 300 and len(held) == 100 and not set(train) & set(held)  # 40 per class: 30 + 10
     assert all(p.parent.parent == (sample_root / "train").resolve() for p in [*train.values(), *held.values()])
     for cls in (sample_root / "train").iterdir():
         assert len(list((dst / "val" / cls.name).iterdir())) == 10
-    again = run_script("split_holdout.py", sample_root, dst, capfd=capfd, check=False)
+    again = run_script("scripts/split_holdout.py", sample_root, dst, capfd=capfd, check=False)
     assert again.returncode != 0 and again.stderr.strip().startswith(f"error: {dst}: exists")
 
 
 def test_make_synthetic_imagenet_links_make_long_epochs(tmp_path, capfd):
     out = tmp_path / "farm"
-    proc = run_script("make_synthetic_imagenet.py", "--out", out, "--classes", 2, "--train-per-class", 3,
+    proc = run_script("scripts/make_synthetic_imagenet.py", "--out", out, "--classes", 2, "--train-per-class", 3,
                       "--val-per-class", 1, "--width", 64, "--height", 48, "--links", 4, "--workers", 1,
                       capfd=capfd)  # fmt: skip
     assert "train: 24 entries (4 per JPEG)" in proc.stdout
@@ -244,7 +244,7 @@ def test_make_synthetic_imagenet_links_make_long_epochs(tmp_path, capfd):
     links = [Path(f) for f in ds.train.files if Path(f).is_symlink()]
     assert len(links) == 18 and all(not os.readlink(f).startswith("/") for f in links)  # relative: the farm moves
     assert {Path(f).resolve().name for f in ds.train.files} == {f.name for f in out.glob("train/*/*.JPEG") if not f.is_symlink()}
-    x = run_script("make_synthetic_imagenet.py", "--out", tmp_path / "x", "--links", 0, capfd=capfd, check=False)
+    x = run_script("scripts/make_synthetic_imagenet.py", "--out", tmp_path / "x", "--links", 0, capfd=capfd, check=False)
     assert x.returncode != 0
 
 
