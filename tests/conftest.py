@@ -1,6 +1,9 @@
 """Shared fixtures: real JPEG folders on disk; train.run(cfg) in-process on the composed config
-(`run_inprocess`), and train.py as users run it (`run_train`) where the exit code, a signal,
-stderr or torchrun is the subject."""
+(`run_inprocess`), scripts and train.py's command line in-process (`run_script`), and train.py
+as a subprocess (`run_train`) where a real interpreter's exit code, a signal or torchrun is the subject.
+
+torch, train.py and the data package are imported where used: pytest-xdist's controller process
+loads this file too, and runs no test (their ~5 s of imports there were a serial start)."""
 
 from __future__ import annotations
 
@@ -19,16 +22,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-import torch
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, open_dict, read_write
 
-import train
 from dali_train.config import register_configs
-from dali_train.data.sample import make_image_folder
-from dali_train.ending import EXIT_USER
 from dali_train.errors import UserError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -45,10 +44,6 @@ LAUNCHER_VARS = {
     "DALI_TRAIN_RUN_STAMP",
 }
 
-# One intra-op thread in this process too, as launch_env gives children: the tensors are tiny, and
-# on 2 shared cores two spinning OpenMP threads made an in-process epoch 5-8x slower.
-torch.set_num_threads(1)
-
 # Small and fast on 2 CPU cores: 32 px crops of the 80 px sample images.
 TINY = [
     "trainer.device=cpu",
@@ -62,21 +57,33 @@ TINY = [
 
 
 def pytest_collection_finish(session) -> None:
-    """What the imports made (torch, timm, Hydra, DALI: ~400k objects) moves out of the collector's
-    view: each full collection (run_inprocess's, and the automatic ones) then scans only what the
-    tests made, ~0.25 s less each."""
+    """Before the first test of this process (an xdist worker, or pytest without xdist)."""
+    import torch
+
+    import train  # noqa: F401 - its imports (timm, DALI) before the freeze below
+
+    # One intra-op thread, as launch_env gives children: the tensors are tiny, and on 2 shared
+    # cores two spinning OpenMP threads made an in-process epoch 5-8x slower.
+    torch.set_num_threads(1)
+    # What the imports made (torch, timm, Hydra, DALI: ~400k objects) moves out of the collector's
+    # view: each full collection (run_inprocess's, and the automatic ones) then scans only what the
+    # tests made, ~0.25 s less each.
     gc.freeze()
 
 
 @pytest.fixture(scope="session")
 def sample_root(tmp_path_factory) -> Path:
     """The demo's sample dataset: 10 classes, 400 train / 100 val JPEGs (generated once)."""
+    from dali_train.data.sample import make_image_folder
+
     return make_image_folder(tmp_path_factory.mktemp("data") / "sample", workers=2)
 
 
 @pytest.fixture(scope="session")
 def small_root(tmp_path_factory) -> Path:
     """A smaller set (10 classes × 12 train / 5 val) for multi-epoch and multi-process runs."""
+    from dali_train.data.sample import make_image_folder
+
     return make_image_folder(tmp_path_factory.mktemp("data") / "small", train_per_class=12, val_per_class=5)
 
 
@@ -150,6 +157,8 @@ def process_state_restored() -> Iterator[None]:
     """What a run or a script changes in this process (root logging handlers, SIGTERM/SIGINT
     handlers, deterministic algorithms, environment variables, Hydra's global state) is restored
     after it; its DALI pipelines and their threads go now, not during the next test."""
+    import torch
+
     root = logging.getLogger()
     saved_handlers, saved_level = list(root.handlers), root.level
     saved_signals = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
@@ -182,6 +191,8 @@ def run_inprocess(overrides: list[str], run_dir: Path, *, check: bool = True) ->
 
     A RunEnded or UserError (what main turns into exit code 2 or 128+signal and one `error:` line)
     is returned in `ended`, or raised as an AssertionError when `check`."""
+    import train
+
     cfg = compose_run_config(overrides, run_dir)
     with read_write(cfg.hydra.runtime), open_dict(cfg.hydra.runtime):
         cfg.hydra.runtime.output_dir = str(run_dir.resolve())
@@ -244,6 +255,9 @@ def run_script(script: str, *args, capfd: pytest.CaptureFixture, check: bool = T
 
 def exit_code(ended: BaseException | None) -> int:
     """The exit code train.py's main gives this ending (UserError: 2; RunEnded: its ending's)."""
+    import train
+    from dali_train.ending import EXIT_USER
+
     if ended is None:
         return 0
     return ended.ending.exit_code if isinstance(ended, train.RunEnded) else EXIT_USER
