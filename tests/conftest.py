@@ -71,6 +71,12 @@ def pytest_collection_finish(session) -> None:
     gc.freeze()
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The slow tests first (in file order otherwise): pytest-xdist hands tests out in this order,
+    so the last ones, which decide when the suite ends, are short and the workers end together."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 @pytest.fixture(scope="session")
 def sample_root(tmp_path_factory) -> Path:
     """The demo's sample dataset: 10 classes, 400 train / 100 val JPEGs (generated once)."""
