@@ -51,7 +51,7 @@ def assert_one_line_ending(run: InProcessRun, *needles: str) -> None:
 
 @pytest.fixture(scope="module")
 def trained(small_root, tmp_path_factory) -> Path:
-    """One epoch of resnet18 with EMA and SGD: checkpoints/last.pt and best.pt."""
+    """One epoch of test_resnet with EMA and SGD: checkpoints/last.pt and best.pt."""
     run = tmp_path_factory.mktemp("trained") / "run"
     run_inprocess(args(small_root, "trainer.epochs=1", f"trainer.max_steps_per_epoch={STEPS}", "trainer.ema=true"), run)
     return run
@@ -227,7 +227,7 @@ def test_disk_full_during_a_checkpoint_write_is_one_line_and_keeps_the_previous(
         cmd = [
             sys.executable,
             str(REPO / "train.py"),
-            *args(small_root, "model.name=test_resnet", "trainer.epochs=3", f"hydra.run.dir={run}"),
+            *args(small_root, "trainer.epochs=3", f"hydra.run.dir={run}"),
         ]
         cmd += [
             f"trainer.max_steps_per_epoch={STEPS}",

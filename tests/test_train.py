@@ -39,7 +39,7 @@ def test_one_epoch_one_process_writes_every_output(one_epoch):
     assert (run / "train.log").is_file()  # .hydra/config.yaml is Hydra's: the CLI test below
     assert list((run / "tensorboard").glob("events.out.tfevents.*"))
     state = torch.load(run / "checkpoints" / "last.pt", map_location="cpu", weights_only=True)
-    assert state["next_epoch"] == 1 and state["model_name"] == "resnet18"
+    assert state["next_epoch"] == 1 and state["model_name"] == "test_resnet"
     assert not any(k.startswith(("module.", "_orig_mod.")) for k in state["model"])
     assert (run / "checkpoints" / "best.pt").is_file()
 
@@ -178,9 +178,9 @@ def test_eval_only_and_a_checkpoint_of_another_model(sample_root, one_epoch, tmp
     run_inprocess([*TINY, f"data.root={sample_root}", "trainer.eval_only=true", f"trainer.resume={last}"], ev)
     assert read_json(ev / "summary.json")["val_top1"] == read_json(run / "summary.json")["val_top1"]
     other = run_inprocess(
-        [*TINY, f"data.root={sample_root}", "model=resnet50", f"trainer.resume={last}"], tmp_path / "other", check=False
+        [*TINY, f"data.root={sample_root}", "model.name=resnet50", f"trainer.resume={last}"], tmp_path / "other", check=False
     )
-    assert exit_code(other.ended) == 2 and "checkpoint is of model resnet18, this run builds resnet50" in str(
+    assert exit_code(other.ended) == 2 and "checkpoint is of model test_resnet, this run builds resnet50" in str(
         other.ended
     )
 
