@@ -11,6 +11,9 @@ Values the types cannot check (names, ranges, combinations) are checked in `__po
 runs when train.py converts the composed config with `load_config` (`OmegaConf.to_object`): a
 UserError naming the key, before any work. The builders receive these typed objects, never the
 whole config; this module is the only one of the package that sees it.
+
+The schemas of the option groups (loader, optimizer, scheduler) are in dali_train/options.py;
+they are importable from here too.
 """
 
 from __future__ import annotations
@@ -24,31 +27,30 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from dali_train.errors import UserError
+from dali_train.options import (  # the option groups' schemas: importable from here too
+    LOADER_SCHEMAS,  # noqa: F401 - re-exported
+    LOOKAHEAD,  # noqa: F401 - re-exported
+    SCHEDULER_SCHEMAS,  # noqa: F401 - re-exported
+    AnnealSchedulerConfig,
+    DaliLoaderConfig,
+    FlatCosSchedulerConfig,
+    LoaderConfig,
+    OptimizerConfig,
+    PytorchLoaderConfig,
+    SchedulerConfig,
+    SgdConfig,
+    StepSchedulerConfig,
+    SyntheticLoaderConfig,
+    TimmOptimizerConfig,
+    must_be_at_least,
+    must_be_one_of,
+)
 
-LOOKAHEAD = "lookahead_"  # timm's prefix: any optimizer wrapped in Lookahead (lookahead_radamw is Ranger)
 AMP_CHOICES = ("bf16", "fp16", "off")
 DEVICE_CHOICES = ("auto", "cpu", "cuda")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 TRAIN_TRANSFORMS = ("random_resized_crop", "resize")
 VAL_RESIZE_MODES = ("shorter", "whole")
-
-
-def _choice(key: str, value: str, valid: tuple[str, ...] | list[str]) -> None:
-    if value not in valid:
-        raise UserError(f"{key}={value}: unknown; choose one of {', '.join(valid)}")
-
-
-def _at_least(key: str, value: float, low: float) -> None:
-    if value < low:
-        raise UserError(f"{key}={value}: must be at least {low}")
-
-
-def _option_name(group: str, name: str, schema: type, options: dict[str, type]) -> None:
-    """`name` must be one of the options that this schema describes (`loader=pytorch
-    loader.name=dali` would hand DALI a config without its keys)."""
-    valid = [n for n, s in options.items() if s is schema]
-    if name not in valid:
-        raise UserError(f"{group}.name={name}: not an option of this schema; choose one of {', '.join(valid)} (or {group}=NAME)")
 
 
 # --- data -------------------------------------------------------------------------------------
@@ -83,68 +85,8 @@ class DataConfig:
     progressive: ProgressiveConfig = field(default_factory=ProgressiveConfig)
 
     def __post_init__(self) -> None:
-        _choice("data.train_transform", self.train_transform, TRAIN_TRANSFORMS)
-        _choice("data.val_resize_mode", self.val_resize_mode, VAL_RESIZE_MODES)
-
-
-# --- loader: conf/loader/<name>.yaml ------------------------------------------------------------
-
-
-@dataclass
-class LoaderConfig:
-    """What every loader has; the option's schema adds its own keys."""
-
-    name: str = MISSING  # dali | dali_cpu | pytorch | synthetic (the file name in conf/loader/)
-    batch_size: int = 256  # per process (per GPU); the global batch is this × world size × grad_accum_steps
-
-    def __post_init__(self) -> None:
-        _option_name("loader", self.name, type(self), LOADER_SCHEMAS)
-        _at_least("loader.batch_size", self.batch_size, 1)
-
-
-@dataclass
-class DaliLoaderConfig(LoaderConfig):
-    """loader=dali (nvJPEG + hardware decoder on the GPU) and loader=dali_cpu (CPU decode threads)."""
-
-    num_threads: int = 8  # host threads per process (file reads, JPEG parsing; dali_cpu: decoding)
-    prefetch_queue_depth: int = 2  # batches prepared ahead of the training step
-    hw_decoder_load: float = 1.0  # share of JPEGs sent to the A100/H100/H200 hardware decoder (dali)
-    preallocate_width_hint: int = 0  # decoder buffer hint, px (0 = DALI default)
-    preallocate_height_hint: int = 0  # decoder buffer hint, px (0 = DALI default)
-    device_memory_padding: int = 211025920  # bytes of headroom per GPU decode buffer
-    host_memory_padding: int = 140544512  # bytes of headroom per pinned host decode buffer
-    exec_dynamic: bool = True  # DALI's dynamic executor (batches shared zero-copy); false = legacy, copies
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        _at_least("loader.num_threads", self.num_threads, 1)
-        _at_least("loader.prefetch_queue_depth", self.prefetch_queue_depth, 1)
-
-
-@dataclass
-class PytorchLoaderConfig(LoaderConfig):
-    """loader=pytorch: torchvision transforms in DataLoader worker processes."""
-
-    num_workers: int = 8  # worker processes per rank
-    pin_memory: bool = True  # page-locked batches for faster host-to-GPU copies
-    persistent_workers: bool = True  # keep workers alive across epochs
-
-
-@dataclass
-class SyntheticLoaderConfig(LoaderConfig):
-    """loader=synthetic: random batches made once on the device, no files read."""
-
-    synthetic_num_classes: int = 1000  # label range
-    synthetic_steps: int = 100  # train batches per epoch
-    synthetic_val_steps: int = 10  # val batches per epoch
-
-
-LOADER_SCHEMAS: dict[str, type[LoaderConfig]] = {
-    "dali": DaliLoaderConfig,
-    "dali_cpu": DaliLoaderConfig,
-    "pytorch": PytorchLoaderConfig,
-    "synthetic": SyntheticLoaderConfig,
-}
+        must_be_one_of("data.train_transform", self.train_transform, TRAIN_TRANSFORMS)
+        must_be_one_of("data.val_resize_mode", self.val_resize_mode, VAL_RESIZE_MODES)
 
 
 # --- model ------------------------------------------------------------------------------------
@@ -158,117 +100,6 @@ class ModelConfig:
     kwargs: dict[str, Any] = field(default_factory=dict)  # more timm.create_model arguments (act_layer, block_args...)
     pretrained_strict: bool = True  # false: load the tensors that fit, warn with counts of the rest
     self_attention: bool = False  # fastai xresnet's self-attention layer in layer1's last block (timm ResNets)
-
-
-# --- optimizer: conf/optimizer/<name>.yaml ---------------------------------------------------------
-
-
-@dataclass
-class OptimizerConfig:
-    """What every optimizer has; the option's schema adds its own keys."""
-
-    name: str = MISSING  # sgd, or any timm optimizer name (adamw, lamb, lookahead_radamw...)
-    lr: float = 0.1  # peak LR; with scale_lr it is the LR at global batch 256
-    scale_lr: bool = True  # lr × global_batch / 256 (Goyal et al.)
-    weight_decay: float = 1.0e-4  # L2 / decoupled decay
-    no_wd_norm_bias: bool = True  # no weight decay on norm and bias parameters
-
-    def __post_init__(self) -> None:
-        if self.lr <= 0:
-            raise UserError(f"optimizer.lr={self.lr}: must be positive")
-
-
-@dataclass
-class SgdConfig(OptimizerConfig):
-    """optimizer=sgd: heavy-ball or Nesterov momentum."""
-
-    name: str = "sgd"  # the only name of this schema
-    momentum: float = 0.9  # momentum factor
-    nesterov: bool = False  # Nesterov momentum instead of heavy-ball (the torchvision reference)
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.name != "sgd":
-            raise UserError(f"optimizer.name={self.name}: optimizer=sgd is SGD; other optimizers: optimizer=adamw optimizer.name={self.name}")
-
-
-@dataclass
-class TimmOptimizerConfig(OptimizerConfig):
-    """optimizer=adamw / lamb / ranger, or any timm optimizer by `name`."""
-
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])  # for optimizers with betas (adam family, lamb)
-    eps: float = 1.0e-8  # for optimizers with an eps term
-    kwargs: dict[str, Any] = field(default_factory=dict)  # more arguments of the timm optimizer (rmsprop: momentum...)
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        from timm.optim import list_optimizers
-
-        if self.name == "sgd":
-            raise UserError("optimizer.name=sgd: use optimizer=sgd (its momentum and nesterov keys)")
-        base = self.name.removeprefix(LOOKAHEAD)
-        if base not in list_optimizers():
-            close = [n for n in list_optimizers() if base[:4] and base[:4] in n][:6]
-            raise UserError(
-                f"optimizer.name={self.name}: not a timm optimizer (similar: {', '.join(close) or 'none'}; "
-                "all: timm.optim.list_optimizers(), any of them with the lookahead_ prefix)"
-            )
-
-
-# --- scheduler: conf/scheduler/<name>.yaml ---------------------------------------------------------
-
-
-@dataclass
-class SchedulerConfig:
-    """What every schedule has: a linear warmup; the option's schema adds its own keys."""
-
-    name: str = MISSING  # cosine | flat_cos | step | linear (the file name in conf/scheduler/)
-    warmup_epochs: float = 0.0  # linear warmup length, epochs (fractions allowed)
-    warmup_lr_init: float = 1.0e-5  # LR at step 0 of the warmup
-
-    def __post_init__(self) -> None:
-        _option_name("scheduler", self.name, type(self), SCHEDULER_SCHEMAS)
-        _at_least("scheduler.warmup_epochs", self.warmup_epochs, 0)
-        _at_least("scheduler.warmup_lr_init", self.warmup_lr_init, 0)
-
-
-@dataclass
-class AnnealSchedulerConfig(SchedulerConfig):
-    """scheduler=cosine and scheduler=linear: from the peak down to min_lr at the last step."""
-
-    min_lr: float = 0.0  # LR at the last step
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        _at_least("scheduler.min_lr", self.min_lr, 0)
-
-
-@dataclass
-class FlatCosSchedulerConfig(AnnealSchedulerConfig):
-    """scheduler=flat_cos: the peak held flat, then a cosine anneal (fastai's fit_flat_cos)."""
-
-    flat_frac: float = 0.75  # share of the post-warmup steps at the peak LR before the anneal
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if not 0 <= self.flat_frac < 1:
-            raise UserError(f"scheduler.flat_frac={self.flat_frac}: must be in [0, 1)")
-
-
-@dataclass
-class StepSchedulerConfig(SchedulerConfig):
-    """scheduler=step: the LR multiplied by decay_rate every decay_epochs."""
-
-    decay_epochs: float = 30.0  # epochs between LR drops
-    decay_rate: float = 0.1  # LR multiplier at each drop
-
-
-SCHEDULER_SCHEMAS: dict[str, type[SchedulerConfig]] = {
-    "cosine": AnnealSchedulerConfig,
-    "linear": AnnealSchedulerConfig,
-    "flat_cos": FlatCosSchedulerConfig,
-    "step": StepSchedulerConfig,
-}
 
 
 # --- trainer ----------------------------------------------------------------------------------
@@ -304,11 +135,11 @@ class TrainerConfig:
     dist_timeout_s: int = 1800  # seconds a rank waits in a collective for the others before it stops
 
     def __post_init__(self) -> None:
-        _choice("trainer.amp", self.amp, AMP_CHOICES)
-        _choice("trainer.device", self.device, DEVICE_CHOICES)
-        _choice("trainer.compile_mode", self.compile_mode, COMPILE_MODES)
+        must_be_one_of("trainer.amp", self.amp, AMP_CHOICES)
+        must_be_one_of("trainer.device", self.device, DEVICE_CHOICES)
+        must_be_one_of("trainer.compile_mode", self.compile_mode, COMPILE_MODES)
         for key in ("epochs", "grad_accum_steps", "log_every_n_steps"):
-            _at_least(f"trainer.{key}", getattr(self, key), 1)
+            must_be_at_least(f"trainer.{key}", getattr(self, key), 1)
 
 
 # --- the run ----------------------------------------------------------------------------------

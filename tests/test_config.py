@@ -20,7 +20,7 @@ from dali_train.config import (
     register_configs,
 )
 from dali_train.errors import UserError
-from tests.conftest import REPO, run_train
+from tests.conftest import REPO, run_script, run_train
 
 CONF = REPO / "conf"
 
@@ -146,20 +146,19 @@ def test_typo_on_the_command_line_exits_before_any_work(tmp_path):
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize(
     "overrides, key",
     [(["optimizer=adamw", "optimizer.momentum=0.1"], "optimizer.momentum"), (["loader.num_workers=3"], "loader.num_workers")],
 )
-def test_a_key_of_another_option_is_one_error_line_and_exit_2(overrides, key):
-    proc = run_train([*overrides, "--cfg", "job"], check=False, timeout=120)
+def test_a_key_of_another_option_is_one_error_line_and_exit_2(overrides, key, capfd):
+    """`python train.py ... --cfg job` in this process (the typo test above runs that path as a subprocess)."""
+    proc = run_script("train.py", *overrides, "--cfg", "job", capfd=capfd, check=False)
     assert proc.returncode == 2, proc.stderr[-2000:]
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"error: {key}: ") and proc.stdout == "", proc.stderr
 
 
-@pytest.mark.slow
-def test_config_prints_without_resolving_paths():
-    proc = run_train(["--cfg", "job"], timeout=120)
+def test_config_prints_without_resolving_paths(capfd):
+    proc = run_script("train.py", "--cfg", "job", capfd=capfd)
     assert "loader:" in proc.stdout and "name: dali" in proc.stdout
     assert Path(REPO / "conf" / "config.yaml").is_file()

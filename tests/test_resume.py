@@ -51,7 +51,7 @@ def assert_one_line_ending(run: InProcessRun, *needles: str) -> None:
 
 @pytest.fixture(scope="module")
 def trained(small_root, tmp_path_factory) -> Path:
-    """One epoch of resnet18 with EMA and SGD: checkpoints/last.pt and best.pt."""
+    """One epoch of test_resnet with EMA and SGD: checkpoints/last.pt and best.pt."""
     run = tmp_path_factory.mktemp("trained") / "run"
     run_inprocess(args(small_root, "trainer.epochs=1", f"trainer.max_steps_per_epoch={STEPS}", "trainer.ema=true"), run)
     return run
@@ -110,31 +110,41 @@ def test_eval_only_with_resume_auto_and_no_checkpoint_has_nothing_to_evaluate(sm
 
 
 @pytest.mark.slow
-def test_batch_size_change_mid_epoch_is_an_error_and_at_an_epoch_boundary_maps_by_epoch(small_root, trained, tmp_path):
-    """A mid-epoch checkpoint (SIGTERM) resumed with batch 8 -> 16: one line naming loader.batch_size.
-    The end-of-epoch checkpoint resumed with batch 16: the schedule continues at epoch 1 of the new
-    batch size's schedule (the documented mapping)."""
-    run = tmp_path / "stopped"
-    cmd = [
-        sys.executable,
-        str(REPO / "train.py"),
-        *args(small_root, "trainer.epochs=1", "trainer.log_every_n_steps=1", f"hydra.run.dir={run}"),
-    ]
-    proc = subprocess.Popen(
-        cmd, cwd=REPO, env=launch_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
-    )
-    deadline = time.monotonic() + 300
-    while not rows(run / "steps.jsonl") and time.monotonic() < deadline and proc.poll() is None:
-        time.sleep(0.05)  # steps.jsonl is flushed at every log interval
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=300) == 128 + signal.SIGTERM, proc.stderr.read()[-2000:]
+def test_sigterm_finishes_the_step_saves_last_pt_and_exits(small_root, tmp_path):
+    """SIGTERM mid-epoch: the step finishes, last.pt keeps the position, exit code 128+15. Resumed
+    with batch 8 -> 16: one line naming loader.batch_size (a mid-epoch position has no mapping);
+    resumed as it was (resume=auto in its run dir): it continues at that step."""
+    run = tmp_path / "run"
+    common = args(small_root, "trainer.epochs=50", "trainer.log_every_n_steps=1")
+    cmd = [sys.executable, str(REPO / "train.py"), *common, f"hydra.run.dir={run}"]
+    proc = subprocess.Popen(cmd, cwd=REPO, env=launch_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    output = []
+    deadline = time.time() + 180
+    for line in proc.stdout:
+        output.append(line)
+        if "epoch 0 3/" in line or time.time() > deadline:
+            proc.send_signal(signal.SIGTERM)
+            break
+    rest, _ = proc.communicate(timeout=120)
+    text = "".join(output) + rest
+    assert proc.returncode == 128 + signal.SIGTERM, text[-3000:]
+    assert "stopped by signal" in text
     last = run / "checkpoints" / "last.pt"
-    assert torch.load(last, weights_only=True)["next_step"] > 0
+    state = torch.load(last, map_location="cpu", weights_only=True)
+    assert state["next_epoch"] == 0 and state["next_step"] >= 3  # mid-epoch: resume skips trained batches
+
     ended = run_inprocess(
         args(small_root, "loader.batch_size=16", f"trainer.resume={last}"), tmp_path / "a", check=False
     )
     assert_one_line_ending(ended, "loader.batch_size=16", "loader.batch_size=8", "mid-epoch")
 
+    resumed = run_inprocess([*common, "trainer.epochs=1", "trainer.resume=auto"], run)
+    assert f"at epoch 0 step {state['next_step']}" in resumed.log
+
+
+def test_batch_size_change_at_an_epoch_boundary_maps_by_epoch(small_root, trained, tmp_path):
+    """The end-of-epoch checkpoint resumed with batch 8 -> 16: the schedule continues at epoch 1 of
+    the new batch size's schedule (the documented mapping; mid-epoch: the SIGTERM test above)."""
     mapped = tmp_path / "b"
     resume = f"trainer.resume={trained / 'checkpoints' / 'last.pt'}"
     resumed = run_inprocess([*args(small_root, "trainer.epochs=2", resume), "loader.batch_size=16"], mapped)
@@ -217,7 +227,7 @@ def test_disk_full_during_a_checkpoint_write_is_one_line_and_keeps_the_previous(
         cmd = [
             sys.executable,
             str(REPO / "train.py"),
-            *args(small_root, "model.name=test_resnet", "trainer.epochs=3", f"hydra.run.dir={run}"),
+            *args(small_root, "trainer.epochs=3", f"hydra.run.dir={run}"),
         ]
         cmd += [
             f"trainer.max_steps_per_epoch={STEPS}",

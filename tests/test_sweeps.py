@@ -1,4 +1,5 @@
-"""Sweeps and scale-out: Hydra multirun, Optuna, the SLURM launcher config, multi-node torchrun."""
+"""Sweeps and scale-out: Hydra multirun and Optuna (`python train.py -m` in this process: Hydra runs
+the jobs one after the other in it), the SLURM launcher config, multi-node torchrun."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from dali_train.data.sample import make_image_folder
-from tests.conftest import REPO, TINY, compose_run_config, launch_env, read_json, run_train
+from tests.conftest import REPO, TINY, compose_run_config, launch_env, read_json, run_script
 
 pytestmark = pytest.mark.slow
 
@@ -22,18 +23,17 @@ def job_dirs(sweep: Path) -> list[Path]:
     return sorted(p for p in sweep.iterdir() if p.is_dir() and p.name.isdigit())
 
 
-def test_multirun_two_points_each_with_outputs_and_a_summary_table(small_root, tmp_path):
+def test_multirun_two_points_each_with_outputs_and_a_summary_table(small_root, tmp_path, capfd):
     sweep = tmp_path / "sweep"
-    run_train(
-        [
-            "-m",
-            *TINY,
-            f"data.root={small_root}",
-            "trainer.epochs=1",
-            "optimizer.lr=0.05,0.2",
-            f"hydra.sweep.dir={sweep}",
-        ],
-        timeout=600,
+    run_script(
+        "train.py",
+        "-m",
+        *TINY,
+        f"data.root={small_root}",
+        "trainer.epochs=1",
+        "optimizer.lr=0.05,0.2",
+        f"hydra.sweep.dir={sweep}",
+        capfd=capfd,
     )
     jobs = job_dirs(sweep)
     assert [j.name for j in jobs] == ["0", "1"]
@@ -47,20 +47,19 @@ def test_multirun_two_points_each_with_outputs_and_a_summary_table(small_root, t
     assert "| job | overrides | best_val_top1" in (sweep / "sweep_summary.md").read_text()
 
 
-def test_optuna_sweep_three_trials(small_root, tmp_path):
+def test_optuna_sweep_three_trials(small_root, tmp_path, capfd):
     pytest.importorskip("hydra_plugins.hydra_optuna_sweeper")
     sweep = tmp_path / "optuna"
-    run_train(
-        [
-            "-m",
-            "+hparams_search=optuna",
-            "hydra.sweeper.n_trials=3",
-            *TINY,
-            f"data.root={small_root}",
-            "trainer.epochs=1",
-            f"hydra.sweep.dir={sweep}",
-        ],
-        timeout=900,
+    run_script(
+        "train.py",
+        "-m",
+        "+hparams_search=optuna",
+        "hydra.sweeper.n_trials=3",
+        *TINY,
+        f"data.root={small_root}",
+        "trainer.epochs=1",
+        f"hydra.sweep.dir={sweep}",
+        capfd=capfd,
     )
     assert len(job_dirs(sweep)) == 3
     rows = list(csv.DictReader(open(sweep / "sweep_summary.csv")))

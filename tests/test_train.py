@@ -1,20 +1,17 @@
 """train.py end to end on real DALI CPU pipelines: `run(cfg)` in-process for training behavior;
-`python train.py` and torchrun + gloo subprocesses where the CLI, exit codes or signals are the subject."""
+`python train.py` and torchrun + gloo subprocesses where the CLI, exit codes or several processes
+are the subject (SIGTERM and SIGKILL: test_resume)."""
 
 from __future__ import annotations
 
 import json
 import shutil
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.conftest import REPO, TINY, exit_code, launch_env, read_json, run_inprocess, run_train
+from tests.conftest import TINY, exit_code, read_json, run_inprocess, run_script, run_train
 
 SUMMARY_KEYS = {"val_top1", "val_top5", "best_val_top1", "val_samples", "epochs", "world_size", "train_img_s"}
 EPOCH_KEYS = {"epoch", "train_loss", "val_loss", "val_top1", "val_top5", "train_img_s", "lr"}
@@ -42,7 +39,7 @@ def test_one_epoch_one_process_writes_every_output(one_epoch):
     assert (run / "train.log").is_file()  # .hydra/config.yaml is Hydra's: the CLI test below
     assert list((run / "tensorboard").glob("events.out.tfevents.*"))
     state = torch.load(run / "checkpoints" / "last.pt", map_location="cpu", weights_only=True)
-    assert state["next_epoch"] == 1 and state["model_name"] == "resnet18"
+    assert state["next_epoch"] == 1 and state["model_name"] == "test_resnet"
     assert not any(k.startswith(("module.", "_orig_mod.")) for k in state["model"])
     assert (run / "checkpoints" / "best.pt").is_file()
 
@@ -131,49 +128,18 @@ def test_user_errors_are_one_line_with_exit_code_2(bad_roots, tmp_path, args, me
     assert "\n" not in str(ended.ended) and message in str(ended.ended), str(ended.ended)
 
 
-@pytest.mark.slow
-def test_a_user_error_is_one_stderr_line_and_exit_code_2(tmp_path):
-    """`python train.py` with a bad data.root: main prints the one line and exits 2; Hydra has
-    written the composed config into the run dir before the run started."""
+def test_a_user_error_is_one_stderr_line_and_exit_code_2(tmp_path, capfd):
+    """`python train.py` with a bad data.root (in this process; a real interpreter's exit 2 and
+    `error:` line: test_run_end's stopped-rank test): main prints the one line and exits 2; Hydra
+    has written the composed config into the run dir before the run started."""
     args = ["data=imagenet", "data.root=/nonexistent/imagenet", f"hydra.run.dir={tmp_path / 'run'}"]
-    proc = run_train([*TINY, *args], check=False, timeout=180)
+    proc = run_script("train.py", *TINY, *args, capfd=capfd, check=False)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr and "Traceback" not in proc.stdout
     error_lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     message = "data.root=/nonexistent/imagenet: no such folder"
     assert len(error_lines) == 1 and message in error_lines[0], proc.stderr[-2000:]
     assert (tmp_path / "run" / ".hydra" / "config.yaml").is_file()
-
-
-@pytest.mark.slow
-def test_sigterm_finishes_the_step_saves_last_pt_and_exits(sample_root, tmp_path):
-    run = tmp_path / "run"
-    cmd = [
-        sys.executable,
-        str(REPO / "train.py"),
-        *TINY,
-        f"data.root={sample_root}",
-        "trainer.epochs=50",
-        "trainer.log_every_n_steps=1",
-        f"hydra.run.dir={run}",
-    ]
-    env = launch_env()
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    output = []
-    deadline = time.time() + 180
-    for line in proc.stdout:
-        output.append(line)
-        if "epoch 0 3/" in line or time.time() > deadline:
-            proc.send_signal(signal.SIGTERM)
-            break
-    rest, _ = proc.communicate(timeout=120)
-    text = "".join(output) + rest
-    assert proc.returncode == 128 + signal.SIGTERM, text[-3000:]
-    assert "stopped by signal" in text
-    state = torch.load(run / "checkpoints" / "last.pt", map_location="cpu", weights_only=True)
-    assert state["next_epoch"] == 0 and state["next_step"] >= 3  # mid-epoch: resume skips trained batches
-    resumed = run_inprocess([*TINY, f"data.root={sample_root}", "trainer.epochs=1", "trainer.resume=auto"], run)
-    assert f"at epoch 0 step {state['next_step']}" in resumed.log
 
 
 @pytest.mark.slow
@@ -212,17 +178,18 @@ def test_eval_only_and_a_checkpoint_of_another_model(sample_root, one_epoch, tmp
     run_inprocess([*TINY, f"data.root={sample_root}", "trainer.eval_only=true", f"trainer.resume={last}"], ev)
     assert read_json(ev / "summary.json")["val_top1"] == read_json(run / "summary.json")["val_top1"]
     other = run_inprocess(
-        [*TINY, f"data.root={sample_root}", "model=resnet50", f"trainer.resume={last}"], tmp_path / "other", check=False
+        [*TINY, f"data.root={sample_root}", "model.name=resnet50", f"trainer.resume={last}"], tmp_path / "other", check=False
     )
-    assert exit_code(other.ended) == 2 and "checkpoint is of model resnet18, this run builds resnet50" in str(
+    assert exit_code(other.ended) == 2 and "checkpoint is of model test_resnet, this run builds resnet50" in str(
         other.ended
     )
 
 
 @pytest.mark.slow
 def test_demo_learns_the_sample_set(sample_root, tmp_path):
-    """The sample set's class signal is learnable: well above the 10% of chance in 3 short epochs."""
-    demo = run_inprocess(["trainer.device=cpu", f"data.root={sample_root}", "trainer.epochs=3"], tmp_path / "run")
+    """The sample set's class signal is learnable: well above the 10% of chance after one epoch of
+    the demo's settings (71% top-1 measured; 87% after a second epoch, 95% after a third)."""
+    demo = run_inprocess(["trainer.device=cpu", f"data.root={sample_root}", "trainer.epochs=1"], tmp_path / "run")
     assert demo.summary["best_val_top1"] > 50.0
 
 

@@ -162,5 +162,8 @@ class TorchLoader:
             # From a worker, DataLoader re-raises it with the worker's traceback in the text; its
             # last line is "...DatasetError: <our one line>". Batches arrive in order: `done` is the bad one.
             message = str(e).strip().splitlines()[-1].split("DatasetError: ", 1)[-1]
+            # torch re-raises it from a frame that its traceback holds: a cycle keeping the DataLoader
+            # iterator until gc, whose shutdown then waits 5 s for the workers. Without it they stop now.
+            e.__traceback__ = None
             where = f"epoch {self.epoch}, batch {self.start_step + done}" if self.train else f"validation batch {done}"
             raise DatasetError(f"{message} ({where}); {EXCLUDE_HINT}") from None

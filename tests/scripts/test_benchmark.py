@@ -10,24 +10,28 @@ import pytest
 import yaml
 
 from dali_train.profiling import summarize
-from tests.conftest import REPO, launch_env
+from tests.conftest import REPO, ScriptRun, launch_env, run_script
 
 CPU_RUN = ["trainer.device=cpu", "data=imagenet", "data.train_size=32", "loader.batch_size=8"]
 THREADS = ["--loader-set", "dali_cpu:loader.num_threads=1"]  # a key of the DALI loaders only: set per loader
 
 
-def benchmark(args: list, *, nproc: int = 1, check: bool = True) -> subprocess.CompletedProcess:
-    launcher = [sys.executable] + (
-        ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"] * (nproc > 1)
-    )
+def benchmark(args: list, capfd, *, check: bool = True) -> ScriptRun:
+    """`python scripts/benchmark.py ARGS`, in this process (conftest.run_script)."""
+    return run_script("scripts/benchmark.py", *args, capfd=capfd, check=check)
+
+
+def benchmark_under_torchrun(args: list, nproc: int) -> subprocess.CompletedProcess:
+    """`torchrun --nproc_per_node=NPROC scripts/benchmark.py ARGS`: real processes, a gloo group."""
     proc = subprocess.run(
-        [*launcher, str(REPO / "scripts" / "benchmark.py"), *map(str, args)],
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+         str(REPO / "scripts" / "benchmark.py"), *map(str, args)],
         capture_output=True,
         text=True,
         timeout=300,
         env={**launch_env(), "PYTHONPATH": str(REPO)},  # this checkout's package, installed or not
-    )
-    if check and proc.returncode:
+    )  # fmt: skip
+    if proc.returncode:
         raise AssertionError(proc.stdout[-3000:] + proc.stderr[-3000:])
     return proc
 
@@ -58,13 +62,14 @@ def test_profile_summary_measures_idle_overlap_and_host_waits():
 
 
 @pytest.mark.slow
-def test_variants_hold_and_profile_on_cpu(sample_root, tmp_path):
+def test_variants_hold_and_profile_on_cpu(sample_root, tmp_path, capfd):
     out, prof = tmp_path / "bench", tmp_path / "prof"
     proc = benchmark(
         ["--modes", "loader", "e2e", "--models", "resnet18", "--loaders", "dali_cpu", "deep",
          "--variant", "deep=dali_cpu:loader.prefetch_queue_depth=3,loader.exec_dynamic=false",
          "--hold-batches", 2, "--steps", 2, "--warmup", 1, "--repeats", 1, "--profile", prof, "--out", out,
-         *THREADS, "--", *CPU_RUN, f"data.root={sample_root}"]
+         *THREADS, "--", *CPU_RUN, f"data.root={sample_root}"],
+        capfd,
     )  # fmt: skip
     rows = json.loads((out / "results.json").read_text())["rows"]
     assert [(r["mode"], r["loader"]) for r in rows] == [
@@ -85,7 +90,7 @@ def test_variants_hold_and_profile_on_cpu(sample_root, tmp_path):
 @pytest.mark.slow
 def test_under_torchrun_rank_zero_reports_for_both(sample_root, tmp_path):
     out = tmp_path / "bench"
-    proc = benchmark(
+    proc = benchmark_under_torchrun(
         ["--modes", "model", "e2e", "--models", "resnet18", "--loaders", "dali_cpu", "--steps", 2, "--warmup", 1,
          "--repeats", 1, "--out", out, *THREADS, "--", *CPU_RUN, f"data.root={sample_root}"],
         nproc=2,
@@ -96,41 +101,35 @@ def test_under_torchrun_rank_zero_reports_for_both(sample_root, tmp_path):
     assert proc.stdout.count("e2e resnet18 compile=off dali_cpu:") == 1  # rank 0 alone reports
 
 
-@pytest.mark.slow
-def test_unknown_loader_name_is_refused():
-    proc = benchmark(["--loaders", "dali", "fast", "--", "trainer.device=cpu"], check=False)
+def test_unknown_loader_name_is_refused(capfd):
+    proc = benchmark(["--loaders", "dali", "fast", "--", "trainer.device=cpu"], capfd, check=False)
     assert proc.returncode == 2 and "fast is neither dali, dali_cpu, pytorch nor a --variant name" in proc.stderr
 
 
-@pytest.mark.slow
-def test_malformed_variant_is_refused():
+def test_malformed_variant_is_refused(capfd):
     proc = benchmark(
-        ["--variant", "x=dali:loader.num_threads", "--loaders", "x", "--", "trainer.device=cpu"], check=False
+        ["--variant", "x=dali:loader.num_threads", "--loaders", "x", "--", "trainer.device=cpu"], capfd, check=False
     )
     assert proc.returncode == 2 and "--variant x=dali:loader.num_threads: expected NAME=LOADER:KEY=VALUE" in proc.stderr
 
 
-def test_profile_summary_names_a_file_that_is_no_trace(tmp_path):
+def test_profile_summary_names_a_file_that_is_no_trace(tmp_path, capfd):
     (tmp_path / "t.json").write_text("{}")
     for path in (tmp_path / "t.json", tmp_path / "missing.json.gz"):
-        proc = subprocess.run(
-            [sys.executable, str(REPO / "scripts" / "profile_summary.py"), str(path)],
-            capture_output=True,
-            text=True,
-            env={**launch_env(), "PYTHONPATH": str(REPO)},
-        )
+        proc = run_script("scripts/profile_summary.py", path, capfd=capfd, check=False)
         assert proc.returncode == 2 and f"{path}: not a readable torch.profiler Chrome trace" in proc.stderr
 
 
 @pytest.mark.slow
-def test_windows_stay_inside_one_epoch(sample_root, tmp_path):
+def test_windows_stay_inside_one_epoch(sample_root, tmp_path, capfd):
     """400 files / batch 8 = 50 steps per epoch: windows of 20 after 5 warm-up steps fit twice in an
     epoch, the third starts after a drained switch; an epoch shorter than warm-up + window is refused."""
     out = tmp_path / "bench"
     benchmark(
         ["--modes", "loader", "model", "--models", "resnet18", "--loaders", "dali_cpu", "--steps", 20, "--warmup", 5,
          "--repeats", 3, "--out", out, "--loader-set", "dali_cpu:loader.num_threads=2",
-         "--", *CPU_RUN, f"data.root={sample_root}"]
+         "--", *CPU_RUN, f"data.root={sample_root}"],
+        capfd,
     )  # fmt: skip
     loader, model = json.loads((out / "results.json").read_text())["rows"]
     assert len(loader["img_s_all"]) == 3 and loader["epoch_switches"] == 1  # drained once, outside any window
@@ -139,14 +138,14 @@ def test_windows_stay_inside_one_epoch(sample_root, tmp_path):
     proc = benchmark(
         ["--modes", "loader", "--loaders", "dali_cpu", "--steps", 60, "--warmup", 1, "--out", out,
          "--", *CPU_RUN, f"data.root={sample_root}"],
+        capfd,
         check=False,
     )  # fmt: skip
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert proc.returncode == 2 and len(errors) == 1 and "an epoch has 50 steps per process" in errors[0]
 
 
-@pytest.mark.slow
-def test_tune_measures_the_grid_end_to_end_and_merges_the_best(sample_root, tmp_path):
+def test_tune_measures_the_grid_end_to_end_and_merges_the_best(sample_root, tmp_path, capfd):
     local = tmp_path / "local" / "loader" / "dali.yaml"  # loader=dali's local file: its keys are DALI's
     local.parent.mkdir(parents=True)
     local.write_text("exec_dynamic: false\n")
@@ -154,7 +153,8 @@ def test_tune_measures_the_grid_end_to_end_and_merges_the_best(sample_root, tmp_
     proc = benchmark(
         ["--tune", "--models", "resnet18", "--grid", "loader.num_threads=1,2", "loader.prefetch_queue_depth=2",
          "--steps", 2, "--warmup", 1, "--repeats", 1, "--local", local, "--out", out,
-         "--", *CPU_RUN, f"data.root={sample_root}"]
+         "--", *CPU_RUN, f"data.root={sample_root}"],
+        capfd,
     )  # fmt: skip
     rows = json.loads((out / "results.json").read_text())["rows"]
     assert [r["settings"] for r in rows] == [

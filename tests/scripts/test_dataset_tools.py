@@ -1,10 +1,11 @@
-"""The dataset tools in scripts/, run as users run them, on small real JPEG folders."""
+"""The dataset tools in scripts/, run as users run them, on small real JPEG folders: in this process
+as the interpreter runs a script (conftest.run_script), or as a subprocess where the script forks
+workers that decode with DALI (scan_dataset.py) or measures its own process (measure_startup.py)."""
 
 from __future__ import annotations
 
 import json
 import os
-import runpy
 import shutil
 import subprocess
 import sys
@@ -15,7 +16,7 @@ from PIL import Image
 
 from dali_train.data.folder import scan_dataset
 from dali_train.data.sample import synthetic_image
-from tests.conftest import REPO, launch_env
+from tests.conftest import REPO, run_script
 from tests.data.damage import damage_scan_data
 from tests.data.test_folder import bad_tree, make_tree  # noqa: F401 - fixture reused
 from tests.data.test_loaders import SMALL, loaders
@@ -35,6 +36,7 @@ SCRIPTS = [
 
 
 def script(name: str, *args, check: bool = True) -> subprocess.CompletedProcess:
+    """`python scripts/NAME ARGS` as a subprocess."""
     proc = subprocess.run(
         [sys.executable, str(REPO / "scripts" / name), *map(str, args)],
         capture_output=True,
@@ -48,27 +50,16 @@ def script(name: str, *args, check: bool = True) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.parametrize("name", SCRIPTS)
-def test_every_script_has_help(name, monkeypatch, capsys):
-    """`python scripts/NAME --help`, run in-process by runpy as the interpreter runs a script (its
-    folder first on sys.path): argparse's usage, exit code 0, without a subprocess's imports."""
-    path = REPO / "scripts" / name
-    monkeypatch.setattr(sys, "argv", [str(path), "--help"])
-    monkeypatch.syspath_prepend(str(path.parent))
-    saved_env = dict(os.environ)
-    try:
-        with pytest.raises(SystemExit) as exit_:
-            runpy.run_path(str(path), run_name="__main__")
-    finally:
-        os.environ.clear()
-        os.environ.update(saved_env)
-    assert exit_.value.code in (0, None) and "usage:" in capsys.readouterr().out
+def test_every_script_has_help(name, capfd):
+    """`python scripts/NAME --help`: argparse's usage, exit code 0."""
+    proc = run_script(f"scripts/{name}", "--help", capfd=capfd)
+    assert proc.returncode == 0 and "usage:" in proc.stdout
 
 
-@pytest.mark.slow
-def test_make_synthetic_imagenet_is_deterministic_and_realistic(tmp_path):
+def test_make_synthetic_imagenet_is_deterministic_and_realistic(tmp_path, capfd):
     for out in ("a", "b"):
-        script(
-            "make_synthetic_imagenet.py",
+        run_script(
+            "scripts/make_synthetic_imagenet.py",
             "--out",
             tmp_path / out,
             "--classes",
@@ -79,6 +70,7 @@ def test_make_synthetic_imagenet_is_deterministic_and_realistic(tmp_path):
             1,
             "--workers",
             2,
+            capfd=capfd,
         )
     files = sorted((tmp_path / "a").rglob("*.JPEG"))
     assert len(files) == 9
@@ -86,7 +78,7 @@ def test_make_synthetic_imagenet_is_deterministic_and_realistic(tmp_path):
     with Image.open(files[0]) as im:
         assert im.size == (500, 375)
     assert 70_000 < sum(f.stat().st_size for f in files) / len(files) < 160_000
-    assert script("make_synthetic_imagenet.py", "--out", tmp_path / "a", check=False).returncode != 0
+    assert run_script("scripts/make_synthetic_imagenet.py", "--out", tmp_path / "a", capfd=capfd, check=False).returncode != 0
 
 
 @pytest.mark.slow
@@ -187,12 +179,11 @@ def test_prepare_imagenet_val_from_csv_and_from_devkit_ids(tmp_path):
     shutil.rmtree(tmp_path / "csv")
 
 
-@pytest.mark.slow
-def test_benchmark_cpu_smoke(sample_root, tmp_path):
+def test_benchmark_cpu_smoke(sample_root, tmp_path, capfd):
     """The benchmark's tiny CPU mode: dali_cpu and synthetic batches, a few steps, all outputs."""
     out = tmp_path / "bench"
-    proc = script(
-        "benchmark.py",
+    proc = run_script(
+        "scripts/benchmark.py",
         "--modes",
         "loader",
         "model",
@@ -217,6 +208,7 @@ def test_benchmark_cpu_smoke(sample_root, tmp_path):
         f"data.root={sample_root}",
         "data.train_size=32",
         "loader.batch_size=8",
+        capfd=capfd,
     )
     rows = json.loads((out / "results.json").read_text())["rows"]
     assert [(r["mode"], r["loader"]) for r in rows] == [
@@ -228,43 +220,32 @@ def test_benchmark_cpu_smoke(sample_root, tmp_path):
     assert "e2e dali_cpu ÷ model-only" in proc.stdout and (out / "results.md").is_file()
 
 
-@pytest.mark.slow
-def test_split_holdout_takes_a_seeded_share_of_each_class_and_never_val(sample_root, tmp_path):
+def test_split_holdout_takes_a_seeded_share_of_each_class_and_never_val(sample_root, tmp_path, capfd):
     dst = tmp_path / "holdout"
-    proc = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "split_holdout.py"), str(sample_root), str(dst), "--fraction", "0.25"],
-        capture_output=True,
-        text=True,
-        env=launch_env(),
-    )
-    assert proc.returncode == 0, proc.stderr
+    run_script("scripts/split_holdout.py", sample_root, dst, "--fraction", "0.25", capfd=capfd)
     train = {p.name: p.resolve() for p in dst.glob("train/*/*")}
     held = {p.name: p.resolve() for p in dst.glob("val/*/*")}
     assert len(train) == 300 and len(held) == 100 and not set(train) & set(held)  # 40 per class: 30 + 10
     assert all(p.parent.parent == (sample_root / "train").resolve() for p in [*train.values(), *held.values()])
     for cls in (sample_root / "train").iterdir():
         assert len(list((dst / "val" / cls.name).iterdir())) == 10
-    again = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "split_holdout.py"), str(sample_root), str(dst)],
-        capture_output=True,
-        text=True,
-        env=launch_env(),
-    )
+    again = run_script("scripts/split_holdout.py", sample_root, dst, capfd=capfd, check=False)
     assert again.returncode != 0 and again.stderr.strip().startswith(f"error: {dst}: exists")
 
 
-@pytest.mark.slow
-def test_make_synthetic_imagenet_links_make_long_epochs(tmp_path):
+def test_make_synthetic_imagenet_links_make_long_epochs(tmp_path, capfd):
     out = tmp_path / "farm"
-    proc = script("make_synthetic_imagenet.py", "--out", out, "--classes", 2, "--train-per-class", 3,
-                  "--val-per-class", 1, "--width", 64, "--height", 48, "--links", 4, "--workers", 1)  # fmt: skip
+    proc = run_script("scripts/make_synthetic_imagenet.py", "--out", out, "--classes", 2, "--train-per-class", 3,
+                      "--val-per-class", 1, "--width", 64, "--height", 48, "--links", 4, "--workers", 1,
+                      capfd=capfd)  # fmt: skip
     assert "train: 24 entries (4 per JPEG)" in proc.stdout
     ds = scan_dataset(str(out), verify=True)  # symlinks pass the pre-flight check like files
     assert len(ds.train) == 24 and len(ds.val) == 2
     links = [Path(f) for f in ds.train.files if Path(f).is_symlink()]
     assert len(links) == 18 and all(not os.readlink(f).startswith("/") for f in links)  # relative: the farm moves
     assert {Path(f).resolve().name for f in ds.train.files} == {f.name for f in out.glob("train/*/*.JPEG") if not f.is_symlink()}
-    assert script("make_synthetic_imagenet.py", "--out", tmp_path / "x", "--links", 0, check=False).returncode != 0
+    x = run_script("scripts/make_synthetic_imagenet.py", "--out", tmp_path / "x", "--links", 0, capfd=capfd, check=False)
+    assert x.returncode != 0
 
 
 @pytest.mark.slow
