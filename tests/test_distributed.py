@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import os
 import subprocess
 import sys
@@ -77,20 +78,20 @@ def test_the_run_stamp_is_shared_without_joining_the_group(tmp_path):
     joining the (NCCL) group starts CUDA, which fixes its queue count, so the stamp goes through
     the launcher's rendezvous store and the group is joined later, in run()."""
     probe = tmp_path / "probe.py"
-    probe.write_text(
-        "import torch, torch.distributed as td\n"
+    probe.write_text(  # one file per rank: two ranks' prints interleave on the shared stdout
+        "import os, sys, torch, torch.distributed as td\n"
         "from dali_train.distributed import init_distributed, shared_run_stamp, shutdown\n"
         "stamp = shared_run_stamp()\n"
-        "print('stamp', stamp, 'group', td.is_initialized(), 'cuda', torch.cuda.is_initialized())\n"
+        "seen = [stamp, td.is_initialized(), torch.cuda.is_initialized()]\n"
         "init_distributed()\n"
-        "print('joined', td.get_world_size())\n"
+        "seen.append(td.get_world_size())\n"
+        "open(os.path.join(sys.argv[1], os.environ['RANK']), 'w').write(repr(seen))\n"
         "shutdown()\n"
     )
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(probe)]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(probe), str(tmp_path)]
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=180)
     assert done.returncode == 0, done.stderr[-2000:]
-    lines = [line.split() for line in done.stdout.splitlines() if line.startswith("stamp ")]
-    assert len(lines) == 2 and lines[0][1] == lines[1][1], done.stdout  # one stamp for both ranks
-    assert all(line[2:] == ["group", "False", "cuda", "False"] for line in lines), done.stdout
-    assert done.stdout.count("joined 2") == 2  # the same store then serves the group
+    seen = [ast.literal_eval((tmp_path / rank).read_text()) for rank in ("0", "1")]
+    assert seen[0][0] == seen[1][0]  # one stamp for both ranks
+    assert all(s[1:] == [False, False, 2] for s in seen), seen  # no group, no CUDA; then the same store serves the group
