@@ -25,6 +25,14 @@ class SimpleSelfAttention(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.flatten(2)  # (B, C, HW); reshapes a channels_last tensor as needed
+        device = x.device.type
+        if torch.is_autocast_enabled(device) and torch.get_autocast_dtype(device) == torch.float16:
+            # The cubic term passes fp16's 65504 on large activations (and 0 · inf is NaN even at γ = 0).
+            with torch.autocast(device, enabled=False):
+                return self._attend(x, flat.float())
+        return self._attend(x, flat)
+
+    def _attend(self, x: torch.Tensor, flat: torch.Tensor) -> torch.Tensor:
         affinity = torch.bmm(flat, flat.transpose(1, 2))  # (B, C, C)
         out = torch.bmm(affinity, self.proj(flat))
         return x + (self.gamma * out).view_as(x)
@@ -32,7 +40,9 @@ class SimpleSelfAttention(nn.Module):
 
 def add_self_attention(model: nn.Module) -> nn.Module:
     """Put a SimpleSelfAttention after the SE (or the last norm) of the last block of `layer1`, the
-    place fastai's xresnet gives it. Only timm ResNet-family models have that layout."""
+    place fastai's xresnet gives it. Only timm ResNet-family models have that layout. That block's SE
+    becomes `se.0` (its keys `layer1.N.se.0.*`): weights saved without the layer load strictly only
+    into a model without it."""
     stage, after = getattr(model, "layer1", None), getattr(model, "layer2", None)
     block = stage[-1] if isinstance(stage, nn.Sequential) and len(stage) else None
     if block is None or not hasattr(block, "se") or not isinstance(after, nn.Sequential) or not hasattr(after[0], "conv1"):

@@ -25,6 +25,19 @@ def test_layer_computes_x_plus_gamma_affinity_times_projection_and_starts_as_ide
     assert torch.linalg.matrix_norm(w, ord=2).item() == pytest.approx(1.0, rel=0.05)  # spectral norm holds it at 1
 
 
+def test_fp16_autocast_computes_the_cubic_term_in_fp32():
+    torch.manual_seed(0)
+    layer = SimpleSelfAttention(64).eval()  # eval: the spectral norm's power iteration holds still
+    x = torch.randn(2, 64, 32, 32).relu() * 4  # large enough that (X Xᵀ)(W X) passes fp16's 65504
+    with torch.no_grad():
+        layer.gamma.fill_(0.5)
+        expected = layer(x)
+        with torch.autocast("cpu", dtype=torch.float16):
+            got = layer(x)  # autocast would run the two bmm in fp16
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got, expected)
+
+
 def test_build_model_puts_it_after_the_se_of_layer1s_last_block_and_it_trains():
     kwargs = {"block_args": {"attn_layer": "se"}}
     model = build_model(ModelConfig(name="resnet18", kwargs=kwargs, self_attention=True), 10)
