@@ -56,7 +56,9 @@ def read_launch_env() -> DistInfo:
     return DistInfo(0, 0, 1)
 
 
-_store: torch_dist.Store | None = None  # the launcher's rendezvous store, joined once per process
+# The launcher's rendezvous store, joined once per process and kept: under srun rank 0's copy is
+# the server, which must outlive the stamp exchange until the group has joined through it.
+_store: torch_dist.Store | None = None
 
 
 def _rendezvous_store(info: DistInfo) -> torch_dist.Store:
@@ -83,7 +85,7 @@ def init_distributed() -> DistInfo:
     # Until the config is read; then trainer.dist_timeout_s applies (set_collective_timeout).
     torch_dist.init_process_group(
         backend=backend,
-        store=_rendezvous_store(info),
+        store=torch_dist.PrefixStore("default_pg", _rendezvous_store(info)),  # as torch's own init_method path
         rank=info.rank,
         world_size=info.world_size,
         timeout=dt.timedelta(minutes=30),
@@ -117,18 +119,10 @@ def shared_run_stamp() -> str:
     if not info.enabled:
         return stamp
     store = _rendezvous_store(info)
+    key = f"dali_train/run_stamp/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"  # torchrun restarts reuse the store
     if info.is_main:
-        store.set("dali_train/run_stamp", stamp)
-    return store.get("dali_train/run_stamp").decode()
-
-
-def broadcast_object(obj: object, info: DistInfo) -> object:
-    """Rank 0's `obj` on every rank."""
-    if not info.enabled:
-        return obj
-    holder = [obj]
-    torch_dist.broadcast_object_list(holder, src=0, device=torch.device("cpu"))
-    return holder[0]
+        store.set(key, stamp)
+    return store.get(key).decode()
 
 
 def all_gather_lists(items: list, info: DistInfo) -> list:

@@ -94,4 +94,4 @@ def test_the_run_stamp_is_shared_without_joining_the_group(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     seen = [ast.literal_eval((tmp_path / rank).read_text()) for rank in ("0", "1")]
     assert seen[0][0] == seen[1][0]  # one stamp for both ranks
-    assert all(s[1:] == [False, False, 2] for s in seen), seen  # no group, no CUDA; then the same store serves the group
+    assert all(s[1:] == [False, False, 2] for s in seen), seen  # no group, no CUDA; then both join the group
