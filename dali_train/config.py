@@ -27,10 +27,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from dali_train.errors import UserError
-from dali_train.options import (  # the option groups' schemas: importable from here too
-    LOADER_SCHEMAS,  # noqa: F401 - re-exported
-    LOOKAHEAD,  # noqa: F401 - re-exported
-    SCHEDULER_SCHEMAS,  # noqa: F401 - re-exported
+from dali_train.options import (  # the option groups' schemas
     AnnealSchedulerConfig,
     DaliLoaderConfig,
     FlatCosSchedulerConfig,

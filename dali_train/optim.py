@@ -1,5 +1,5 @@
 """Optimizers (timm's factory) and per-step LR schedules (timm's schedulers), built from the typed
-option objects of `dali_train.config` (checked there); each builder is chosen by name from a dict."""
+option objects of `dali_train.options` (checked there); each builder is chosen by name from a dict."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from timm.optim import create_optimizer_v2, get_optimizer_info
 from timm.scheduler import CosineLRScheduler, PolyLRScheduler, StepLRScheduler
 from timm.scheduler.scheduler import Scheduler
 
-from dali_train.config import (
+from dali_train.errors import UserError
+from dali_train.options import (
     LOOKAHEAD,
     AnnealSchedulerConfig,
     FlatCosSchedulerConfig,
@@ -19,7 +20,6 @@ from dali_train.config import (
     SchedulerConfig,
     StepSchedulerConfig,
 )
-from dali_train.errors import UserError
 
 log = logging.getLogger(__name__)
 

@@ -6,12 +6,13 @@ from __future__ import annotations
 import torch
 from timm.utils import random_seed
 
-from dali_train.config import ModelConfig, OptimizerConfig, SchedulerConfig, TrainerConfig
+from dali_train.config import ModelConfig, TrainerConfig
 from dali_train.distributed import DistInfo
 from dali_train.engine import TrainParts
 from dali_train.loss import build_loss
 from dali_train.models import build_model, wrap_for_training
 from dali_train.optim import build_optimizer, build_scheduler
+from dali_train.options import OptimizerConfig, SchedulerConfig
 
 
 def build_train_parts(

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The Imagenette recipes as docs/recipes.md reports them: both recipes × seeds 0, 1, 2 at once,
-# spread round-robin over the machine's GPUs (a 128 px model leaves most of an H200 idle), then
-# mean ± std and time to accuracy.
+# round-robin over the GPUs (CUDA_VISIBLE_DEVICES's, or all; a 128 px model leaves most of an H200
+# idle), then mean ± std and time to accuracy.
 #   bash scripts/gpu_imagenette.sh DATA_ROOT OUTDIR [RECIPE ...]   (default: both imagenette_128 recipes)
 set -uo pipefail
 DATA=${1:?data root}; OUT=${2:?output folder}; shift 2
@@ -9,12 +9,13 @@ RECIPES=${*:-imagenette_128_5ep imagenette_128_20ep}
 export PYTHONUNBUFFERED=1
 mkdir -p "$OUT/runs"
 runs=()
-gpus=$(nvidia-smi -L 2>/dev/null | wc -l); gpus=$(( gpus > 0 ? gpus : 1 ))
+gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
+IFS=, read -ra devices <<< "${CUDA_VISIBLE_DEVICES:-$(seq -s, 0 $(( gpus > 0 ? gpus - 1 : 0 )))}"
 start=$(date +%s)
 for recipe in $RECIPES; do
   for seed in 0 1 2; do
     dir=$OUT/runs/${recipe}_s$seed
-    CUDA_VISIBLE_DEVICES=$(( ${#runs[@]} % gpus )) python train.py +experiment="$recipe" data.root="$DATA" seed=$seed loader.num_threads=3 \
+    CUDA_VISIBLE_DEVICES=${devices[${#runs[@]} % ${#devices[@]}]} python train.py +experiment="$recipe" data.root="$DATA" seed=$seed loader.num_threads=3 \
       hydra.run.dir="$dir" > "$OUT/runs/${recipe}_s$seed.log" 2>&1 &
     runs+=("$dir")
   done

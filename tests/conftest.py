@@ -188,10 +188,11 @@ def process_state_restored() -> Iterator[None]:
         root.setLevel(saved_level)
         for s, handler in saved_signals.items():
             signal.signal(s, handler)
-        os.environ.clear()
-        os.environ.update(saved_env)
         torch.use_deterministic_algorithms(deterministic)
-        gc.collect()
+        gc.collect()  # the run's DALI pipelines (and their threads) go first, then the environment
+        for key in set(os.environ) - set(saved_env):  # no clear(): a live thread may read it meanwhile
+            del os.environ[key]
+        os.environ.update(saved_env)
 
 
 def run_inprocess(overrides: list[str], run_dir: Path, *, check: bool = True) -> InProcessRun:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dali_train.config import SCHEDULER_SCHEMAS, SgdConfig, TimmOptimizerConfig
 from dali_train.errors import UserError
 from dali_train.optim import build_optimizer, build_scheduler
+from dali_train.options import SCHEDULER_SCHEMAS, SgdConfig, TimmOptimizerConfig
 
 
 def tiny_model() -> torch.nn.Module:

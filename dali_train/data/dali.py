@@ -24,11 +24,11 @@ import torch
 from nvidia.dali import fn, pipeline_def, types
 from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
 
-from dali_train.config import DaliLoaderConfig
 from dali_train.data.folder import EXCLUDE_HINT, DatasetError, Split
 from dali_train.data.order import EpochOrder, contiguous_shard, epoch_order, steps_per_epoch
 from dali_train.data.transform import Transform
 from dali_train.distributed import DistInfo
+from dali_train.options import DaliLoaderConfig
 
 log = logging.getLogger(__name__)
 
