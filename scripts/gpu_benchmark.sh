@@ -8,8 +8,9 @@
 #                                               # scaling; train.py 2 epochs on 2 GPUs
 # Data: 100 classes x 200 synthetic ImageNet-like JPEGs (500x375, ~110 KB) linked 8x (2gpu: 16x), so an
 # epoch is 625 steps of 256 per GPU; no timed window contains an epoch switch (benchmark.py). Windows:
-# 100 steps after 30 warm-up steps, median of 3. OUTDIR gets at most 7 files: gpu_benchmark_MODE.log
-# (everything printed), summary.md (the tables docs/benchmarks.md shows) and the raw JSON they come from.
+# 100 steps after 30 warm-up steps, median of 3. OUTDIR gets gpu_benchmark_MODE.log (everything
+# printed), summary.md (the tables docs/benchmarks.md shows), the raw JSON they come from and (1gpu)
+# a profile summary per ResNet-18 row.
 # Needs torch, timm, DALI and Hydra importable; runs this checkout's package (PYTHONPATH).
 # SMOKE=1 runs the same steps on CPU with tiny data and windows (a check of the script, no GPU needed).
 set -uo pipefail
@@ -73,7 +74,11 @@ train() {  # NAME TIMEOUT LAUNCHER...: train.py, 2 epochs of the long set, ResNe
 
 if [ "$MODE" = 1gpu ]; then
   export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
-  bench rn18 200 python -- --modes model e2e --loaders dali --models resnet18 --compile off reduce-overhead
+  # --profile: 20 more steps per row under torch.profiler, after the timed windows (which it does not touch);
+  # OUT gets each row's summary (per-stream GPU busy time, idle time, host time waiting for data)
+  bench rn18 240 python -- --modes model e2e --loaders dali --models resnet18 --compile off reduce-overhead \
+    --profile "$RUNS/profiles"
+  cp "$RUNS"/profiles/profile_*.txt "$OUT"/ 2>/dev/null || echo "rn18: no profile summaries"
   bench rn50 240 python -- --modes model e2e --loaders dali --models resnet50 --compile off reduce-overhead
   train train 110 python
   step "startup on a 1.28M-entry link farm (1,000 classes): listing, pre-flight check, first batch, epoch switch"
