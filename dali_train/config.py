@@ -97,6 +97,7 @@ class ModelConfig:
     kwargs: dict[str, Any] = field(default_factory=dict)  # more timm.create_model arguments (act_layer, block_args...)
     pretrained_strict: bool = True  # false: load the tensors that fit, warn with counts of the rest
     self_attention: bool = False  # fastai xresnet's self-attention layer in layer1's last block (timm ResNets)
+    stem_blur_pool: bool = False  # fastai's MaxBlurPool as the stem's pool only (timm's aa_layer blurs every stride)
 
 
 # --- trainer ----------------------------------------------------------------------------------
@@ -124,6 +125,7 @@ class TrainerConfig:
     cutmix_alpha: float = 0.0  # timm CutMix; 0 = off
     ema: bool = False  # keep a timm ModelEmaV3 copy, evaluated and checkpointed
     ema_decay: float = 0.9998  # per optimizer step
+    ema_warmup: bool = False  # timm's EMA warmup: decay 1-(1+step)^(-2/3), capped at ema_decay (short runs)
     save_every_n_steps: int = 0  # mid-epoch last.pt every N steps; 0 = end of epoch only
     log_every_n_steps: int = 50  # step interval of logs, TensorBoard points and host syncs
     max_steps_per_epoch: int | None = None  # cap train steps per epoch (smoke tests)

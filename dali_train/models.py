@@ -8,6 +8,7 @@ from pathlib import Path
 
 import timm
 import torch
+from timm.layers import BlurPool2d
 from timm.models import clean_state_dict
 from timm.utils import ModelEmaV3
 
@@ -38,12 +39,30 @@ def build_model(spec: ModelConfig, num_classes: int) -> torch.nn.Module:
         model = timm.create_model(name, pretrained=False, num_classes=num_classes, **kwargs)
     except (TypeError, ValueError, KeyError, AssertionError) as e:  # a kwarg the model class does not take
         raise ModelError(f"model.kwargs={kwargs}: {name} rejected them ({type(e).__name__}: {e})") from None
+    if spec.stem_blur_pool:
+        blur_stem_pool(model)
     if spec.self_attention:
         add_self_attention(model)
     if spec.pretrained:
         load_pretrained(model, spec.pretrained, strict=spec.pretrained_strict)
     n_params = sum(p.numel() for p in model.parameters())
     log.info("model: %s, %.1fM parameters, %d classes", name, n_params / 1e6, num_classes)
+    return model
+
+
+def blur_stem_pool(model: torch.nn.Module) -> torch.nn.Module:
+    """fastai's MaxBlurPool in place of a timm ResNet's stem max pool: max over 3×3 at stride 1, then
+    a 3×3 binomial blur at stride 2. timm's `aa_layer` (the resnetblur models) does this and also
+    blurs every strided block; the Imagenette leaderboard entries blur the stem only."""
+    pool = getattr(model, "maxpool", None)
+    stage = getattr(model, "layer1", None)
+    if not isinstance(pool, torch.nn.MaxPool2d) or not isinstance(stage, torch.nn.Sequential):
+        raise ModelError(
+            f"model.stem_blur_pool=true: needs a timm ResNet-family model with a max-pool stem and no aa_layer, "
+            f"not {type(model).__name__} (stem pool: {type(pool).__name__})"
+        )
+    channels = model.bn1.num_features  # what the stem puts out
+    model.maxpool = torch.nn.Sequential(torch.nn.MaxPool2d(3, stride=1, padding=1), BlurPool2d(channels, stride=2))
     return model
 
 
@@ -121,6 +140,7 @@ def wrap_for_training(
     sync_bn: bool,
     ema_decay: float | None,
     compile: bool,
+    ema_warmup: bool = False,
     compile_mode: str = "default",
 ) -> tuple[torch.nn.Module, ModelEmaV3 | None]:
     """(model to train, EMA copy or None): to device → channels_last → SyncBN → EMA → compile → DDP.
@@ -139,7 +159,7 @@ def wrap_for_training(
         if device.type != "cuda":  # DDP refuses SyncBatchNorm on CPU modules (a ValueError mid-setup)
             raise ModelError("trainer.sync_bn=true: torch's SyncBatchNorm runs on CUDA devices only; set it false on CPU")
         model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
-    ema = ModelEmaV3(model, decay=ema_decay, device=device) if ema_decay else None
+    ema = ModelEmaV3(model, decay=ema_decay, use_warmup=ema_warmup, device=device) if ema_decay else None
     if compile:
         model = torch.compile(model, mode=compile_mode)
     if dist.enabled:

@@ -43,6 +43,7 @@ def build_train_parts(
         channels_last=trainer.channels_last,
         sync_bn=trainer.sync_bn,
         ema_decay=trainer.ema_decay if trainer.ema else None,
+        ema_warmup=trainer.ema_warmup,
         compile=trainer.compile,
         compile_mode=trainer.compile_mode,
     )

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from dali_train.config import ModelConfig
-from dali_train.models import ModelError, build_model
+from dali_train.distributed import DistInfo
+from dali_train.models import ModelError, build_model, wrap_for_training
 
 
 def test_kwargs_build_an_se_resnext_with_mish_and_blur_pooling():
@@ -27,3 +28,44 @@ def test_unknown_model_and_rejected_kwargs_are_one_line_errors():
     with pytest.raises(ModelError, match=r"model.kwargs=.*no_such_arg.*resnet18 rejected them") as e:
         build_model(ModelConfig(name="resnet18", kwargs={"no_such_arg": 1}), 10)
     assert "\n" not in str(e.value)
+
+
+def _blur_pools(model: torch.nn.Module) -> list[str]:
+    return [name for name, m in model.named_modules() if type(m).__name__ == "BlurPool2d"]
+
+
+def test_stem_blur_pool_blurs_the_stem_only_and_keeps_the_shapes():
+    plain = build_model(ModelConfig(name="resnet18d"), 10)
+    blurred = build_model(ModelConfig(name="resnet18d", stem_blur_pool=True), 10)
+    assert _blur_pools(plain) == [] and _blur_pools(blurred) == ["maxpool.1"]  # no strided block blurred
+    assert blurred.maxpool[0].stride == 1 and blurred.maxpool[1].stride == 2
+    assert _blur_pools(build_model(ModelConfig(name="resnetblur18"), 10)) != ["maxpool.1"]  # what timm's aa_layer does
+    x = torch.randn(2, 3, 64, 64)
+    stem = torch.nn.Sequential(blurred.conv1, blurred.bn1, blurred.act1)
+    assert blurred.maxpool(stem(x)).shape == plain.maxpool(stem(x)).shape == (2, 64, 16, 16)
+    assert blurred(x).shape == (2, 10)
+
+
+@pytest.mark.parametrize("name", ["resnetblur18", "test_vit"])
+def test_stem_blur_pool_on_a_model_without_a_max_pool_stem_is_a_one_line_error(name):
+    with pytest.raises(ModelError, match=r"model.stem_blur_pool=true: needs a timm ResNet-family model") as e:
+        build_model(ModelConfig(name=name, stem_blur_pool=True), 10)
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize(("warmup", "expected_decay"), [(False, 0.999), (True, 1 - 2 ** (-2 / 3))])
+def test_ema_warmup_lets_the_first_updates_follow_the_model(warmup, expected_decay):
+    """timm's EMA warmup: decay 1 - (1 + t)^(-2/3) (0.37 at t = 1), capped at ema_decay; without it a
+    short run's EMA would still be mostly its random initialization. (timm's t is the update count
+    minus one: update 1 copies the model either way.)"""
+    net = torch.nn.Linear(3, 2)
+    model, ema = wrap_for_training(
+        net, torch.device("cpu"), DistInfo(0, 0, 1), channels_last=False, sync_bn=False, ema_decay=0.999,
+        compile=False, ema_warmup=warmup,
+    )  # fmt: skip
+    start = ema.module.weight.detach().clone()
+    with torch.no_grad():
+        model.weight.add_(1.0)
+    ema.update(model, step=2)
+    moved = (ema.module.weight - start).mean().item()
+    assert moved == pytest.approx(1 - expected_decay, rel=1e-4)
