@@ -29,7 +29,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from dali_train.checkpoint import Checkpointer, CheckpointMeta
 from dali_train.config import composition_error_line, load_config, register_configs
-from dali_train.data import DatasetError, build_loaders
+from dali_train.data import DatasetError, NextEpoch, build_loaders
 from dali_train.device import amp_dtype_for, configure_backends, select_device, set_cuda_max_connections
 from dali_train.distributed import (
     DistInfo,
@@ -216,17 +216,18 @@ def train(cfg: DictConfig, dist: DistInfo, run_dir: Path, writer: MetricsWriter,
             save("last.pt", epoch, start_step + stats.steps)
             return signal_ending(f"at epoch {epoch} step {start_step + stats.steps}")
         start_step = 0
-        next_epoch_error = None
-        if epoch + 1 < end_epoch:
-            try:
-                loaders.train.set_epoch(epoch + 1)  # the next pipeline builds and prefetches during val
-            except DatasetError as e:  # its first batches: this epoch is still validated and saved
-                next_epoch_error = e
+        # The next epoch's pipeline builds and prefetches during validation, on a thread.
+        next_epoch = NextEpoch(loaders.train, epoch + 1, device) if epoch + 1 < end_epoch else None
         try:
             metrics = validate()
         except DatasetError as e:  # training of this epoch is complete: keep it, unvalidated
             save_progress_before(e, epoch + 1, 0)
             raise
+        finally:
+            next_epoch_error = next_epoch.join() if next_epoch is not None else None
+        if next_epoch_error is not None and not isinstance(next_epoch_error, DatasetError):
+            raise next_epoch_error
+        # A DatasetError in its first batches: this epoch is still validated and saved, then it is raised.
         best_top1 = max(best_top1, metrics["top1"])
         summary.update(best_val_top1=best_top1, epochs_completed=epoch + 1)
         epoch_stats.append(stats)

@@ -7,6 +7,7 @@ option's schema (`dali_train.config`), and picks the implementation by `loader.n
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +44,30 @@ class Loaders:
     num_classes: int
     num_val_files: int
     dataset: ImageFolderDataset | None  # None for the synthetic loader
+
+
+class NextEpoch:
+    """`loader.set_epoch(epoch)` on a thread, started before validation and joined after it: the
+    next epoch's pipeline build and first batches (4.6 s over a 1.28M-file list on an H200)
+    overlap validation instead of preceding it. Nothing is raised on the thread: `join()` returns
+    its exception, and train.py decides when to raise it (a DatasetError after the epoch is saved)."""
+
+    def __init__(self, loader: Loader, epoch: int, device: torch.device) -> None:
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(loader, epoch, device), name=f"epoch-{epoch}-build")
+        self._thread.start()
+
+    def _run(self, loader: Loader, epoch: int, device: torch.device) -> None:
+        try:
+            if device.type == "cuda":  # the current device is per thread; the batches belong on this rank's
+                torch.cuda.set_device(device)
+            loader.set_epoch(epoch)
+        except BaseException as e:  # noqa: BLE001 - handed to the main thread by join()
+            self.error = e
+
+    def join(self) -> BaseException | None:
+        self._thread.join()
+        return self.error
 
 
 def progressive_size(data: DataConfig) -> Callable[[int], int]:

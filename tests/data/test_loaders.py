@@ -12,7 +12,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 
 from dali_train.config import load_config, register_configs
-from dali_train.data import DatasetError, build_loaders, progressive_size
+from dali_train.data import DatasetError, NextEpoch, build_loaders, progressive_size
 from dali_train.data.order import epoch_order
 from dali_train.distributed import DistInfo
 from tests.conftest import REPO
@@ -212,3 +212,19 @@ def test_a_damaged_train_file_is_a_one_line_error_naming_it(copied_root, name, b
     text, seen = dataset_error(epoch_batches(ld.train, 1))
     assert_names(text, bad)
     assert seen <= batch
+
+
+def test_next_epoch_builds_on_a_thread_and_hands_its_error_to_join(copied_root):
+    """train.py builds the next epoch's DALI pipeline on a thread while it validates: a clean build
+    is ready to iterate in the main thread; a damaged file in its first batch (decoded during the
+    build) comes back from join(), named, instead of dying on the thread."""
+    ld = loaders(copied_root, "loader=dali_cpu", *SMALL, "loader.batch_size=8")
+    ld.train.set_epoch(0)
+    assert len(list(ld.train)) == 15
+    assert NextEpoch(ld.train, 1, CPU).join() is None
+    assert len(list(ld.train)) == 15  # epoch 1, built on the thread
+    order = epoch_order(120, seed=0, epoch=2, batch_size=8, world_size=1).rank_block(0, 1)
+    bad = plant(ld.dataset.train.files[order[3]])  # batch 0 of epoch 2
+    error = NextEpoch(ld.train, 2, CPU).join()
+    assert isinstance(error, DatasetError)
+    assert_names(str(error), bad)
