@@ -216,18 +216,20 @@ def train(cfg: DictConfig, dist: DistInfo, run_dir: Path, writer: MetricsWriter,
             save("last.pt", epoch, start_step + stats.steps)
             return signal_ending(f"at epoch {epoch} step {start_step + stats.steps}")
         start_step = 0
-        # The next epoch's pipeline builds and prefetches during validation, on a thread.
+        # The next epoch's pipeline builds and prefetches during validation, on a thread. Its error
+        # (a DatasetError in its first batches, or any other) is raised once this epoch is saved.
         next_epoch = NextEpoch(loaders.train, epoch + 1, device) if epoch + 1 < end_epoch else None
+        validated = False
         try:
             metrics = validate()
+            validated = True
         except DatasetError as e:  # training of this epoch is complete: keep it, unvalidated
             save_progress_before(e, epoch + 1, 0)
             raise
         finally:
             next_epoch_error = next_epoch.join() if next_epoch is not None else None
-        if next_epoch_error is not None and not isinstance(next_epoch_error, DatasetError):
-            raise next_epoch_error
-        # A DatasetError in its first batches: this epoch is still validated and saved, then it is raised.
+            if next_epoch_error is not None and not validated:  # validation's own error goes up; say this one
+                log.warning("the next epoch's pipeline failed too: %r", next_epoch_error)
         best_top1 = max(best_top1, metrics["top1"])
         summary.update(best_val_top1=best_top1, epochs_completed=epoch + 1)
         epoch_stats.append(stats)

@@ -4,23 +4,29 @@ command line (run_script) in-process; subprocesses where a signal or several pro
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
 
+from dali_train.data.folder import scan_dataset
+from dali_train.data.order import epoch_order
 from dali_train.distributed import DistInfo
 from dali_train.divergence import Diverged
 from dali_train.engine import LoopControl, TrainParts, train_one_epoch
 from dali_train.logs import MetricsWriter
 from dali_train.optim import build_scheduler
 from tests.conftest import REPO, TINY, InProcessRun, exit_code, launch_env, read_json, run_inprocess, run_script
+from tests.data.damage import damage_huffman_table
 from tests.helpers import oom_model
 
 DIVERGING = ["optimizer.lr=1e5", "trainer.epochs=2", "trainer.log_every_n_steps=2"]
@@ -134,6 +140,37 @@ def test_a_bad_file_in_val_keeps_the_trained_epoch(small_root, tmp_path):
     assert read_json(run / "summary.json")["end_state"] == "bad file"
     state = torch.load(run / "checkpoints" / "last.pt", map_location="cpu", weights_only=False)
     assert (state["next_epoch"], state["next_step"], state["global_step"]) == (1, 0, 8)
+
+
+def test_a_bad_file_in_the_next_epochs_first_batch_keeps_the_validated_epoch(small_root, tmp_path, monkeypatch):
+    """Epoch 1's pipeline is built, and its first batch decoded, on a thread while epoch 0 is
+    validated. A file damaged once epoch 0 has trained (every file is in every epoch, so it cannot
+    be planted earlier) fails there: epoch 0 is still validated, logged and saved, then the run
+    ends with the one line naming the file."""
+    import train
+
+    data = tmp_path / "data"
+    shutil.copytree(small_root, data)
+    files = scan_dataset(str(data), verify=False).train.files
+    bad = Path(files[epoch_order(len(files), seed=0, epoch=1, batch_size=16, world_size=1).rank_block(0, 1)[5]])
+    real_train_one_epoch = train.train_one_epoch
+
+    def then_damage(*args, **kwargs):
+        stats = real_train_one_epoch(*args, **kwargs)
+        if kwargs["epoch"] == 0:
+            bad.write_bytes(damage_huffman_table(bad.read_bytes()))  # batch 0 of epoch 1
+        return stats
+
+    monkeypatch.setattr(train, "train_one_epoch", then_damage)
+    run = tmp_path / "run"
+    line = error_line(run_inprocess([*TINY, f"data.root={data}", "trainer.epochs=2"], run, check=False))
+    assert str(bad) in line and "epoch 1, batch 0" in line
+    assert read_json(run / "summary.json")["end_state"] == "bad file"
+    rows = (run / "metrics.jsonl").read_text().splitlines()
+    assert len(rows) == 1 and json.loads(rows[0])["val_samples"] == 50  # epoch 0, validated in full
+    state = torch.load(run / "checkpoints" / "last.pt", map_location="cpu", weights_only=False)
+    assert (state["next_epoch"], state["next_step"], state["global_step"]) == (1, 0, 8)
+    assert not [t.name for t in threading.enumerate() if t.name.startswith("epoch-")]  # the build thread joined
 
 
 @pytest.mark.parametrize(

@@ -50,7 +50,8 @@ class NextEpoch:
     """`loader.set_epoch(epoch)` on a thread, started before validation and joined after it: the
     next epoch's pipeline build and first batches (4.6 s over a 1.28M-file list on an H200)
     overlap validation instead of preceding it. Nothing is raised on the thread: `join()` returns
-    its exception, and train.py decides when to raise it (a DatasetError after the epoch is saved)."""
+    its exception, and train.py raises it after the validated epoch is saved. Batches come out on
+    the thread's current stream: the legacy default stream, as the main thread's (neither sets one)."""
 
     def __init__(self, loader: Loader, epoch: int, device: torch.device) -> None:
         self.error: BaseException | None = None
@@ -66,7 +67,10 @@ class NextEpoch:
             self.error = e
 
     def join(self) -> BaseException | None:
-        self._thread.join()
+        while self._thread.is_alive():  # a build stuck on a hung file system says so instead of hanging mute
+            self._thread.join(timeout=120)
+            if self._thread.is_alive():
+                log.warning("still waiting for %s (the next epoch's pipeline build) after validation", self._thread.name)
         return self.error
 
 

@@ -10,8 +10,8 @@ Three placements of the same graph (`Placement`):
 The train pipeline is rebuilt every epoch (`set_epoch`): its file list is that epoch's order
 (`order.epoch_order`), its seed derives from (seed, epoch, rank), and its crop side may follow the
 progressive-resize schedule. That makes a resumed epoch replay exactly, at the cost of one
-pipeline build per epoch (0.6-2.2 s on an H200 over 160k files, 4.6 s over ImageNet's 1.28M), which
-train.py runs on a thread during validation (`data.NextEpoch`).
+pipeline build per epoch (0.6-2.5 s on an H200 over 160k files, 4.6 s over ImageNet's 1.28M),
+which train.py runs on a thread during validation (`data.NextEpoch`).
 """
 
 from __future__ import annotations
@@ -165,8 +165,9 @@ class DaliLoader:
 
     def set_epoch(self, epoch: int, start_step: int = 0) -> None:
         """Build this epoch's train pipeline now, so DALI prefetches before the first step. A
-        build takes 0.6-2.2 s on an H200 (`build_times`); train.py calls this for the next epoch
-        on a thread while it validates (`data.NextEpoch`), so build and prefetch overlap validation. Calling again for the same epoch
+        build takes 0.6-2.5 s on an H200 (`build_times`); train.py calls this for the next epoch
+        on a thread while it validates (`data.NextEpoch`), so build and prefetch overlap
+        validation. Calling again for the same epoch
         is free."""
         if self.train and (self._iterator is None or (epoch, start_step) != (self.epoch, self.start_step)):
             self.epoch, self.start_step = epoch, start_step

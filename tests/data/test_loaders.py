@@ -203,7 +203,7 @@ def test_a_damaged_val_file_is_a_one_line_error_naming_it(copied_root, name, fol
 @pytest.mark.parametrize("batch", [0, 9])
 def test_a_damaged_train_file_is_a_one_line_error_naming_it(copied_root, name, batch):
     """Batch 0 of epoch 1: DALI decodes it while the iterator is built, in set_epoch(1), which
-    train.py calls before validating epoch 0. Batch 9: mid-epoch, beyond DALI's prefetch."""
+    train.py runs on a thread while validating epoch 0. Batch 9: mid-epoch, beyond DALI's prefetch."""
     ld = loaders(copied_root, f"loader={name}", *workers(name, 1), *SMALL, "loader.batch_size=8")
     ld.train.set_epoch(0)
     assert len(list(ld.train)) == 15  # a clean epoch 0
@@ -215,14 +215,21 @@ def test_a_damaged_train_file_is_a_one_line_error_naming_it(copied_root, name, b
 
 
 def test_next_epoch_builds_on_a_thread_and_hands_its_error_to_join(copied_root):
-    """train.py builds the next epoch's DALI pipeline on a thread while it validates: a clean build
-    is ready to iterate in the main thread; a damaged file in its first batch (decoded during the
-    build) comes back from join(), named, instead of dying on the thread."""
+    """train.py builds the next epoch's DALI pipeline on a thread while the main thread validates:
+    the epoch built there is the one a synchronous build gives; a damaged file in its first batch
+    (decoded during the build) comes back from join(), named, instead of dying on the thread."""
     ld = loaders(copied_root, "loader=dali_cpu", *SMALL, "loader.batch_size=8")
     ld.train.set_epoch(0)
     assert len(list(ld.train)) == 15
-    assert NextEpoch(ld.train, 1, CPU).join() is None
-    assert len(list(ld.train)) == 15  # epoch 1, built on the thread
+    builds = len(ld.train.build_times)
+    next_epoch = NextEpoch(ld.train, 1, CPU)
+    val_batches = sum(1 for _ in ld.val)  # the main thread validates meanwhile
+    assert next_epoch.join() is None and val_batches == len(ld.val)
+    assert (ld.train.epoch, len(ld.train.build_times)) == (1, builds + 1)  # built there, not lazily here
+    threaded = [labels.clone() for _, labels in ld.train]
+    same = loaders(copied_root, "loader=dali_cpu", *SMALL, "loader.batch_size=8")
+    same.train.set_epoch(1)
+    assert [labels.tolist() for labels in threaded] == [labels.tolist() for _, labels in same.train]
     order = epoch_order(120, seed=0, epoch=2, batch_size=8, world_size=1).rank_block(0, 1)
     bad = plant(ld.dataset.train.files[order[3]])  # batch 0 of epoch 2
     error = NextEpoch(ld.train, 2, CPU).join()

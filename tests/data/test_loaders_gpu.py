@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dali_train.data import build_loaders
+from dali_train.data import Loaders, NextEpoch, build_loaders
 from dali_train.distributed import DistInfo
 from tests.data.test_loaders import SMALL, make_cfg
 
@@ -28,3 +28,23 @@ def test_gpu_batches_are_fp16_channels_last_on_the_device(sample_root, name):
     assert images.shape == (16, 3, 32, 32) and images.is_contiguous(memory_format=torch.channels_last)
     val_images, _ = next(iter(ld.val))
     assert val_images.shape[1:] == (3, 32, 32) and torch.isfinite(val_images.float()).all()
+
+
+def test_an_epoch_built_on_a_thread_matches_one_built_in_the_main_thread(sample_root):
+    """train.py's NextEpoch builds the next DALI pipeline (mixed decoder) on a thread while the main
+    thread runs validation's: the batches are the same as a synchronous build's, on the device."""
+    device = torch.device("cuda", torch.cuda.device_count() - 1)  # not the thread's default device 0
+    cfg = make_cfg(sample_root, "loader=dali", *SMALL)
+
+    def built() -> Loaders:
+        return build_loaders(cfg.data, cfg.loader, DistInfo(0, 0, 1), device, half=True, channels_last=True, seed=cfg.seed)
+
+    threaded, plain = built(), built()
+    threaded.train.set_epoch(0)
+    next_epoch = NextEpoch(threaded.train, 1, device)
+    assert sum(1 for _ in threaded.val) == len(threaded.val)
+    assert next_epoch.join() is None and threaded.train.epoch == 1
+    plain.train.set_epoch(1)
+    for (images, labels), (images_ref, labels_ref) in zip(threaded.train, plain.train, strict=True):
+        assert images.device == device and torch.equal(labels, labels_ref)
+        torch.testing.assert_close(images, images_ref)
