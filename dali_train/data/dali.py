@@ -167,8 +167,7 @@ class DaliLoader:
         """Build this epoch's train pipeline now, so DALI prefetches before the first step. A
         build takes 0.6-2.5 s on an H200 (`build_times`); train.py calls this for the next epoch
         on a thread while it validates (`data.NextEpoch`), so build and prefetch overlap
-        validation. Calling again for the same epoch
-        is free."""
+        validation. Calling again for the same epoch is free."""
         if self.train and (self._iterator is None or (epoch, start_step) != (self.epoch, self.start_step)):
             self.epoch, self.start_step = epoch, start_step
             self._iterator = None  # free the old pipeline before building the next
