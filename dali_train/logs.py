@@ -90,8 +90,11 @@ class MetricsWriter:
             if self._tb is not None:
                 self._tb.flush()
 
-    def log_epoch(self, epoch: int, stats: Any, metrics: dict[str, float], lr: float, global_step: int) -> None:
-        """One epoch's line in metrics.jsonl, its TensorBoard points and its summary log line."""
+    def log_epoch(
+        self, epoch: int, stats: Any, metrics: dict[str, float], lr: float, global_step: int, next_wait_s: float = 0.0
+    ) -> None:
+        """One epoch's line in metrics.jsonl, its TensorBoard points and its summary log line.
+        `next_wait_s`: how long the next epoch's pipeline build outlasted validation (0: hidden)."""
         self.epoch(
             {
                 "epoch": epoch,
@@ -103,6 +106,7 @@ class MetricsWriter:
                 "train_img_s": stats.img_per_s,
                 "data_wait_frac": stats.data_wait_frac,
                 "lr": lr,
+                "next_epoch_wait_s": next_wait_s,
                 "wall_time_s": time.perf_counter() - self.started,  # since this job started
             }
         )

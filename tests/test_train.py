@@ -14,7 +14,7 @@ import torch
 from tests.conftest import TINY, exit_code, read_json, run_inprocess, run_script, run_train
 
 SUMMARY_KEYS = {"val_top1", "val_top5", "best_val_top1", "val_samples", "epochs", "world_size", "train_img_s"}
-EPOCH_KEYS = {"epoch", "train_loss", "val_loss", "val_top1", "val_top5", "train_img_s", "lr"}
+EPOCH_KEYS = {"epoch", "train_loss", "val_loss", "val_top1", "val_top5", "train_img_s", "lr", "next_epoch_wait_s"}
 
 
 @pytest.fixture(scope="module")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,6 +56,7 @@ class NextEpoch:
 
     def __init__(self, loader: Loader, epoch: int, device: torch.device) -> None:
         self.error: BaseException | None = None
+        self.waited_s = 0.0  # how long join() blocked: the part of the switch validation did not hide
         self._thread = threading.Thread(target=self._run, args=(loader, epoch, device), name=f"epoch-{epoch}-build")
         self._thread.start()
 
@@ -67,10 +69,12 @@ class NextEpoch:
             self.error = e
 
     def join(self) -> BaseException | None:
+        started = time.perf_counter()
         while self._thread.is_alive():  # a build stuck on a hung file system says so instead of hanging mute
             self._thread.join(timeout=120)
             if self._thread.is_alive():
                 log.warning("still waiting for %s (the next epoch's pipeline build) after validation", self._thread.name)
+        self.waited_s = time.perf_counter() - started
         return self.error
 
 

@@ -232,6 +232,8 @@ def test_next_epoch_builds_on_a_thread_and_hands_its_error_to_join(copied_root):
     assert [labels.tolist() for labels in threaded] == [labels.tolist() for _, labels in same.train]
     order = epoch_order(120, seed=0, epoch=2, batch_size=8, world_size=1).rank_block(0, 1)
     bad = plant(ld.dataset.train.files[order[3]])  # batch 0 of epoch 2
-    error = NextEpoch(ld.train, 2, CPU).join()
+    joined_at_once = NextEpoch(ld.train, 2, CPU)  # nothing to overlap: join() waits the whole build
+    error = joined_at_once.join()
     assert isinstance(error, DatasetError)
     assert_names(str(error), bad)
+    assert joined_at_once.waited_s > 0  # what train.py logs as next_epoch_wait_s
