@@ -9,6 +9,8 @@ times what train.py does before its first step and at every epoch switch, with t
   pre-flight check   find_bad_files: the header/trailer read of every entry, in threads
   first batch        train pipeline build over the whole list + its first batch (epoch 0)
   epoch switch       set_epoch(1): the next epoch's order, file list and pipeline build + first batch
+  switch beside      set_epoch(2) on a thread (train.py's NextEpoch) while this thread counts in a
+                     Python loop, as validation would run: the share of its speed it keeps
 and the peak host memory of the process (ru_maxrss) after each.
 
     python scripts/measure_startup.py --root /tmp/farm-1.28M --json startup.json
@@ -22,12 +24,13 @@ import json
 import resource
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from hydra import compose, initialize_config_dir
 
 from dali_train.config import load_config, register_configs
-from dali_train.data import build_loaders
+from dali_train.data import NextEpoch, build_loaders
 from dali_train.data.folder import find_bad_files, scan_dataset
 from dali_train.data.sample import link_copies, make_image_folder
 from dali_train.device import amp_dtype_for, select_device, set_cuda_max_connections
@@ -46,6 +49,24 @@ def make_farm(root: Path, entries: int, classes: int, jpegs: int, workers: int) 
                       noise=36.0, workers=workers)  # fmt: skip
     link_copies(root, "train", per_class // jpegs)
     link_copies(root, "val", 50)
+
+
+def share_beside(start: Callable[[], NextEpoch]) -> float:
+    """The rate of a Python counting loop while `start()`'s thread runs, as a share of its rate alone:
+    what is left of validation's Python speed while the next epoch builds (the GIL decides)."""
+
+    def count(seconds: float | None, job: NextEpoch | None = None) -> tuple[int, float]:
+        n, t = 0, time.perf_counter()
+        while (job is not None and not job.ready()) or (seconds is not None and time.perf_counter() - t < seconds):
+            n += 1
+        return n, time.perf_counter() - t
+
+    alone, alone_s = count(1.0)
+    job = start()
+    beside, beside_s = count(None, job)
+    if (error := job.join()) is not None:
+        raise error
+    return (beside / beside_s) / (alone / alone_s)
 
 
 def main() -> None:
@@ -102,10 +123,14 @@ def main() -> None:
     loaders.train.set_epoch(1)
     next(iter(loaders.train))
     phase("epoch_switch", t)
+    t = time.perf_counter()
+    result["main_thread_share_beside_switch"] = share_beside(lambda: NextEpoch(loaders.train, 2, device))
+    phase("switch_beside", t)  # includes 1 s of counting alone
     result["startup_s"] = result["listing_s"] + result["preflight_check_s"] + result["first_batch_s"]
     print(
         f"{result['train_entries']} train + {result['val_entries']} val entries: startup (listing + check + first "
-        f"batch) {result['startup_s']:.1f} s; epoch switch {result['epoch_switch_s']:.1f} s; "
+        f"batch) {result['startup_s']:.1f} s; epoch switch {result['epoch_switch_s']:.1f} s (on a thread, the main "
+        f"thread kept {result['main_thread_share_beside_switch']:.0%} of its Python speed); "
         f"peak host memory {peak_rss_gib():.2f} GiB"
     )
     if args.json:

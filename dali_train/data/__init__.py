@@ -68,6 +68,9 @@ class NextEpoch:
         except BaseException as e:  # noqa: BLE001 - handed to the main thread by join()
             self.error = e
 
+    def ready(self) -> bool:
+        return not self._thread.is_alive()
+
     def join(self) -> BaseException | None:
         started = time.perf_counter()
         while self._thread.is_alive():  # a build stuck on a hung file system says so instead of hanging mute

@@ -17,10 +17,13 @@ which train.py runs on a thread during validation (`data.NextEpoch`).
 from __future__ import annotations
 
 import logging
+import os
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from nvidia.dali import fn, pipeline_def, types
 from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
@@ -73,11 +76,25 @@ def _normalize(images, t: Transform, *, mirror=None, crop=None):
     )
 
 
+def _reader_source(split: Split, indices: np.ndarray | None) -> tuple[dict, str | None]:
+    """fn.readers.file's input, in `indices` order (all files if None): a list file DALI parses in
+    C++ (its `file_list`), and its path, to delete once the pipeline is built. Given as Python lists,
+    1.28M names make `Pipeline.build()`, which holds the GIL, ~4x longer, and validation's Python loop
+    stops beside it (docs/benchmarks.md). Names with a line break cannot be listed so: they go as lists."""
+    order = range(len(split.files)) if indices is None else indices.tolist()  # Python ints index lists 3x faster
+    text = "".join([f"{split.files[i]} {split.labels[i]}\n" for i in order])
+    if text.count("\n") != len(order):
+        return {"files": [split.files[i] for i in order], "labels": [split.labels[i] for i in order]}, None
+    fd, path = tempfile.mkstemp(prefix="dali-train-files-", suffix=".txt")
+    with os.fdopen(fd, "w", encoding="utf-8", errors="surrogateescape") as f:  # the names' bytes as listed
+        f.write(text)
+    return {"file_list": path, "file_root": ""}, path  # absolute paths: DALI takes each line's last field as label
+
+
 @pipeline_def
-def _train_pipeline(files, labels, shard_id, num_shards, placement, settings, t, size):
+def _train_pipeline(source, shard_id, num_shards, placement, settings, t, size):
     jpegs, labels = fn.readers.file(
-        files=files,
-        labels=labels,
+        **source,
         shard_id=shard_id,
         num_shards=num_shards,
         # The epoch's shuffle is already in `files` (order.epoch_order): reproducible from
@@ -108,10 +125,9 @@ def _train_pipeline(files, labels, shard_id, num_shards, placement, settings, t,
 
 
 @pipeline_def
-def _val_pipeline(files, labels, shard_id, num_shards, placement, settings, t):
+def _val_pipeline(source, shard_id, num_shards, placement, settings, t):
     jpegs, labels = fn.readers.file(
-        files=files,
-        labels=labels,
+        **source,
         shard_id=shard_id,
         num_shards=num_shards,
         random_shuffle=False,
@@ -202,19 +218,22 @@ class DaliLoader:
         )
 
     def _build(self) -> DALIGenericIterator:
+        started = time.perf_counter()
         if self.train:
-            order = self._order()
-            files = [self.split.files[i] for i in order.indices]
-            labels = [self.split.labels[i] for i in order.indices]
+            source, list_path = _reader_source(self.split, self._order().indices)
             seed = self.seed * 1_000_003 + self.epoch * 1009 + self.dist.rank
-            pipe = _train_pipeline(files, labels, size=self.train_size_at(self.epoch), **self._pipe_kwargs(seed))
+            pipe = _train_pipeline(source, size=self.train_size_at(self.epoch), **self._pipe_kwargs(seed))
             policy = LastBatchPolicy.DROP  # every shard is an exact number of batches anyway
         else:
-            pipe = _val_pipeline(self.split.files, self.split.labels, **self._pipe_kwargs(self.seed + 7))
+            source, list_path = _reader_source(self.split, None)
+            pipe = _val_pipeline(source, **self._pipe_kwargs(self.seed + 7))
             policy = LastBatchPolicy.PARTIAL  # drop the padded duplicates: exact val counts
-        started = time.perf_counter()
         try:
-            pipe.build()
+            try:
+                pipe.build()  # the reader reads the list file here, once
+            finally:
+                if list_path is not None:
+                    os.unlink(list_path)
             built = time.perf_counter()
             # The iterator runs the pipeline for its first batches before it returns, so a bad
             # file there fails here: in set_epoch, i.e. during the previous epoch's validation.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -237,3 +238,26 @@ def test_next_epoch_builds_on_a_thread_and_hands_its_error_to_join(copied_root):
     assert isinstance(error, DatasetError)
     assert_names(str(error), bad)
     assert joined_at_once.waited_s > 0  # what train.py logs as next_epoch_wait_s
+
+
+@pytest.mark.parametrize("odd", ["with space 3.JPEG", "line\nbreak.JPEG"])  # a list file's line; the list fallback
+def test_dali_reads_files_by_any_name_in_the_epoch_order(copied_root, tmp_path, monkeypatch, odd):
+    """DALI gets each epoch's files as a list file (fast to build): names with spaces, a space and a
+    digit before the extension, or a line break (then passed as lists) are read as named, with their
+    labels, in the epoch's order; the list file is gone once the pipeline is built."""
+    for split in ("train", "val"):
+        first = sorted((copied_root / split / "n00000004").iterdir())[0]
+        first.rename(first.with_name(odd))
+    lists = tmp_path / "lists"
+    lists.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(lists))
+    ld = loaders(copied_root, "loader=dali_cpu", *SMALL, "loader.batch_size=8")
+    train = ld.dataset.train
+    assert any(f.endswith(odd) for f in train.files)
+    ld.train.set_epoch(1)
+    labels = torch.cat([batch_labels for _, batch_labels in ld.train]).tolist()
+    order = epoch_order(len(train.files), seed=0, epoch=1, batch_size=8, world_size=1).rank_block(0, 1)
+    assert labels == [train.labels[i] for i in order]
+    val_labels = torch.cat([batch_labels for _, batch_labels in ld.val]).tolist()
+    assert val_labels == ld.dataset.val.labels
+    assert not list(lists.iterdir())

@@ -256,6 +256,8 @@ def test_measure_startup_on_a_small_link_farm(tmp_path):
                   "--", "trainer.device=cpu", "loader.batch_size=16", "loader.num_threads=1")  # fmt: skip
     result = json.loads(out.read_text())
     assert result["train_entries"] == 200 and result["val_entries"] == 500 and result["bad_files"] == 0
-    for phase in ("listing", "preflight_check", "first_batch", "epoch_switch"):
+    for phase in ("listing", "preflight_check", "first_batch", "epoch_switch", "switch_beside"):
         assert result[f"{phase}_s"] > 0 and result[f"{phase}_peak_rss_gib"] > 0.1
+    assert result["switch_beside_s"] > 1  # 1 s of counting alone, then the switch on a thread
+    assert 0 < result["main_thread_share_beside_switch"] < 2  # a rate ratio (noisy on a tiny farm; > 1 is possible)
     assert "200 train + 500 val entries: startup" in proc.stdout
