@@ -190,7 +190,13 @@ def train(cfg: DictConfig, dist: DistInfo, run_dir: Path, writer: MetricsWriter,
 
     def validate() -> dict:
         return evaluate(
-            eval_model, loaders.val, device=device, dist=dist, amp_dtype=amp_dtype, max_steps=tc.max_val_steps
+            eval_model,
+            loaders.val,
+            device=device,
+            dist=dist,
+            amp_dtype=amp_dtype,
+            max_steps=tc.max_val_steps,
+            flip_tta=tc.val_flip_tta,
         )
 
     def save_progress_before(error: Exception, epoch: int, step: int) -> None:

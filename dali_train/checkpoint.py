@@ -259,13 +259,14 @@ class Checkpointer:
             raise CheckpointError(
                 f"trainer.resume={path}: checkpoint is of model {state['model_name']}, this run builds {meta.model_name}"
             )
-        then = (state.get("config") or {}).get("model", {}).get("stem_blur_pool", False)
-        now = meta.config.get("model", {}).get("stem_blur_pool", False)
-        if then != now:  # no saved tensor tells: the blur's filter is a fixed buffer, not in the state_dict
-            raise CheckpointError(
-                f"model.stem_blur_pool={now}: trainer.resume={path} was trained with model.stem_blur_pool={then}; "
-                f"its weights would load into another network"
-            )
+        for key in ("stem_blur_pool", "blur_strided_convs"):  # the blurs' filters are no saved tensors
+            then = (state.get("config") or {}).get("model", {}).get(key, False)
+            now = meta.config.get("model", {}).get(key, False)
+            if then != now:
+                raise CheckpointError(
+                    f"model.{key}={now}: trainer.resume={path} was trained with model.{key}={then}; "
+                    f"its weights would load into another network"
+                )
         if state["optimizer_name"] != meta.optimizer_name:
             raise CheckpointError(
                 f"optimizer.name={meta.optimizer_name}: trainer.resume={path} was trained with "

@@ -98,6 +98,7 @@ class ModelConfig:
     pretrained_strict: bool = True  # false: load the tensors that fit, warn with counts of the rest
     self_attention: bool = False  # fastai xresnet's self-attention layer in layer1's last block (timm ResNets)
     stem_blur_pool: bool = False  # fastai's MaxBlurPool as the stem's pool only (timm's aa_layer blurs every stride)
+    blur_strided_convs: bool = False  # FFCV's BlurPool: a 3x3 blur before every strided conv of >= 16 input channels
 
 
 # --- trainer ----------------------------------------------------------------------------------
@@ -130,6 +131,7 @@ class TrainerConfig:
     log_every_n_steps: int = 50  # step interval of logs, TensorBoard points and host syncs
     max_steps_per_epoch: int | None = None  # cap train steps per epoch (smoke tests)
     max_val_steps: int | None = None  # cap val batches (smoke tests; val_samples then partial)
+    val_flip_tta: bool = False  # validate on the mean logits of each image and its mirror (FFCV's lr_tta)
     max_nonfinite_skips: int = 0  # updates with a NaN/inf loss to skip before stopping; 0 = stop at the first
     dist_timeout_s: int = 1800  # seconds a rank waits in a collective for the others before it stops
 

@@ -238,8 +238,10 @@ def evaluate(
     dist: DistInfo,
     amp_dtype: torch.dtype | None = None,
     max_steps: int | None = None,
+    flip_tta: bool = False,
 ) -> dict[str, float]:
-    """Top-1/top-5 and loss over this rank's val shard, summed as exact counts across ranks."""
+    """Top-1/top-5 and loss over this rank's val shard, summed as exact counts across ranks.
+    `flip_tta`: of the mean logits of each image and its left-right mirror."""
     model.eval()
     # [correct@1, correct@5, loss sum] stay on the device (no per-batch sync); float64 keeps counts exact
     totals = torch.zeros(3, dtype=torch.float64, device=device)
@@ -249,8 +251,10 @@ def evaluate(
         if max_steps is not None and i >= max_steps:
             break
         with autocast:
-            logits = model(images)
-        logits = logits.float()
+            logits = model(images).float()
+            if flip_tta:  # copied first: under CUDA graphs the next call reuses the output's buffer
+                first = logits.clone()
+                logits = (first + model(images.flip(3)).float()) / 2  # dim 3: the width (NCHW view)
         n = labels.shape[0]
         top1, top5 = accuracy(logits, labels, topk=(1, 5))  # percentages of this batch
         loss = torch.nn.functional.cross_entropy(logits, labels, reduction="sum")

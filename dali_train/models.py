@@ -41,6 +41,8 @@ def build_model(spec: ModelConfig, num_classes: int) -> torch.nn.Module:
         raise ModelError(f"model.kwargs={kwargs}: {name} rejected them ({type(e).__name__}: {e})") from None
     if spec.stem_blur_pool:
         blur_stem_pool(model)
+    if spec.blur_strided_convs:
+        blur_strided_convs(model)
     if spec.self_attention:
         add_self_attention(model)
     if spec.pretrained:
@@ -63,6 +65,27 @@ def blur_stem_pool(model: torch.nn.Module) -> torch.nn.Module:
         )
     channels = model.bn1.num_features  # what the stem puts out
     model.maxpool = torch.nn.Sequential(torch.nn.MaxPool2d(3, stride=1, padding=1), BlurPool2d(channels, stride=2))
+    return model
+
+
+def blur_strided_convs(model: torch.nn.Module) -> torch.nn.Module:
+    """FFCV's BlurPool (its ResNet recipes' `use_blurpool`): every Conv2d with a stride and at least
+    16 input channels becomes (3×3 binomial blur at stride 1, zero padding; the conv, stride kept).
+    timm's `aa_layer` differs: it replaces the 3×3 conv's stride by a blur at stride 2 and leaves
+    the 1×1 shortcut convs unblurred."""
+    strided = [
+        (parent, name, child)
+        for parent in model.modules()
+        for name, child in parent.named_children()
+        if isinstance(child, torch.nn.Conv2d) and max(child.stride) > 1 and child.in_channels >= 16
+    ]
+    if not strided:
+        raise ModelError(
+            f"model.blur_strided_convs=true: {type(model).__name__} has no strided Conv2d with 16 or more input channels"
+        )
+    for parent, name, conv in strided:
+        blur = BlurPool2d(conv.in_channels, filt_size=3, stride=1, pad_mode="constant")
+        setattr(parent, name, torch.nn.Sequential(blur, conv))
     return model
 
 

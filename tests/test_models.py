@@ -53,6 +53,27 @@ def test_stem_blur_pool_on_a_model_without_a_max_pool_stem_is_a_one_line_error(n
     assert "\n" not in str(e.value)
 
 
+def test_blur_strided_convs_blurs_before_every_strided_conv_of_16_channels_or_more():
+    """FFCV's rule (use_blurpool): the stem conv (3 input channels) stays; the strided 3x3 and 1x1
+    shortcut convs of layers 2-4 get a binomial blur at stride 1 before them, their stride kept."""
+    plain = build_model(ModelConfig(name="resnet18"), 10)
+    blurred = build_model(ModelConfig(name="resnet18", blur_strided_convs=True), 10)
+    strided = [n for n, m in plain.named_modules() if isinstance(m, torch.nn.Conv2d) and m.stride == (2, 2)]
+    assert strided[0] == "conv1" and len(strided) == 7
+    assert _blur_pools(blurred) == [f"{n}.0" for n in strided[1:]]
+    wrapped = blurred.layer2[0].downsample[0]
+    blur, conv = wrapped
+    assert conv.stride == (2, 2) and blur.stride == 1
+    x = torch.randn(2, 64, 9, 9)
+    binomial = torch.tensor([1.0, 2.0, 1.0])
+    kernel = (binomial[:, None] * binomial[None, :] / 16).expand(64, 1, 3, 3)
+    expected = conv(torch.nn.functional.conv2d(x, kernel, padding=1, groups=64))  # zero padding, as FFCV
+    torch.testing.assert_close(wrapped(x), expected)
+    assert blurred(torch.randn(2, 3, 64, 64)).shape == (2, 10)
+    with pytest.raises(ModelError, match=r"model.blur_strided_convs=true: VisionTransformer has no strided"):
+        build_model(ModelConfig(name="test_vit", blur_strided_convs=True), 10)
+
+
 @pytest.mark.parametrize(("warmup", "expected_decay"), [(False, 0.999), (True, 1 - 2 ** (-2 / 3))])
 def test_ema_warmup_lets_the_first_updates_follow_the_model(warmup, expected_decay):
     """timm's EMA warmup: decay 1 - (1 + t)^(-2/3) (0.37 at t = 1), capped at ema_decay; without it a

@@ -96,11 +96,12 @@ def test_an_optimizer_change_on_resume_is_one_line(small_root, trained, tmp_path
     assert_one_line_ending(ended, "optimizer.name=adamw", "optimizer.name=sgd")
 
 
-def test_a_stem_blur_pool_change_on_resume_is_one_line(small_root, trained, tmp_path):
-    """The blur's filter is not a saved tensor, so the weights alone would load without a word."""
+@pytest.mark.parametrize("key", ["stem_blur_pool", "blur_strided_convs"])
+def test_a_blur_change_on_resume_is_one_line(small_root, trained, tmp_path, key):
+    """A blur's filter is not a saved tensor: the check names the option, not a wall of keys."""
     resume = f"trainer.resume={trained / 'checkpoints' / 'last.pt'}"
-    ended = run_inprocess(args(small_root, "model.stem_blur_pool=true", resume), tmp_path / "run", check=False)
-    assert_one_line_ending(ended, "model.stem_blur_pool=True", "model.stem_blur_pool=False")
+    ended = run_inprocess(args(small_root, f"model.{key}=true", resume), tmp_path / "run", check=False)
+    assert_one_line_ending(ended, f"model.{key}=True", f"model.{key}=False")
 
 
 def test_a_negative_lr_is_one_line(small_root, tmp_path):
