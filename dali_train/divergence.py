@@ -27,40 +27,52 @@ class Diverged(Exception):
 
 
 class LossWatch:
-    """This epoch's train losses on the device: the sum and count of the finite ones, the last
-    finite one, and the first non-finite one since the last `check` (an index into `pending`,
-    the host's (epoch step, update, lr) of each micro-batch since then)."""
+    """This epoch's train losses, kept on the device: each micro-batch's loss is copied into a
+    window (one kernel per step: in an eager, launch-bound loop every kernel counts; the finite
+    checks used to launch ~18), and `check` looks at the window where the host syncs anyway. `pending`:
+    the host's (epoch step, update, lr) of each loss in the window."""
 
     def __init__(self, device: torch.device) -> None:
-        self.sum = torch.zeros((), dtype=torch.float64, device=device)
+        self.sum = torch.zeros((), dtype=torch.float64, device=device)  # of the finite losses folded so far
         self.count = torch.zeros((), dtype=torch.float64, device=device)
-        self.last_finite = torch.full((), math.nan, device=device)
-        self.first_bad = torch.full((), -1, dtype=torch.int64, device=device)
+        self.last_finite = math.nan  # the last finite loss before the first non-finite one (host)
         self.pending: list[tuple[int, int, float]] = []
+        self._window = torch.empty(64, dtype=torch.float32, device=device)
+        self._folded = 0  # window entries already in sum/count
 
     def add(self, loss: torch.Tensor, *, step: int, update: int, lr: float) -> None:
         """Record one micro-batch's loss; no host sync."""
-        loss = loss.detach().float()
-        finite = torch.isfinite(loss)
-        self.sum += torch.where(finite, loss, 0.0).double()
-        self.count += finite.double()
-        self.last_finite = torch.where(finite & (self.first_bad < 0), loss, self.last_finite)
-        self.first_bad = torch.where(~finite & (self.first_bad < 0), len(self.pending), self.first_bad)
+        n = len(self.pending)
+        if n == len(self._window):  # more steps between checks than the window holds: double it
+            self._window = torch.cat([self._window, torch.empty_like(self._window)])
+        self._window[n] = loss.detach()
         self.pending.append((step, update, lr))
 
-    def mean(self) -> torch.Tensor:
-        return self.sum / self.count.clamp(min=1)
+    def totals(self) -> torch.Tensor:
+        """[sum, count] of this epoch's finite losses, on the device; no host sync."""
+        n = len(self.pending)
+        if n > self._folded:
+            window = self._window[self._folded : n]
+            finite = torch.isfinite(window)
+            self.sum += torch.where(finite, window, 0.0).sum(dtype=torch.float64)
+            self.count += finite.sum(dtype=torch.float64)
+            self._folded = n
+        return torch.stack([self.sum, self.count])
 
     def check(self, dist: DistInfo, *, epoch: int, what: str = "loss") -> Diverged | None:
         """Host sync (a collective under DDP, at the same step on every rank): a Diverged for
         the first non-finite loss on any rank since the last check, or None; clears `pending`."""
-        bad_here = int(self.first_bad.item())
+        self.totals()
+        window = self._window[: len(self.pending)].cpu()
+        bad = (~torch.isfinite(window)).nonzero().flatten().tolist()
+        bad_here = bad[0] if bad else -1
         any_bad = all_reduce_sum(torch.tensor([float(bad_here >= 0)]), dist).item() > 0
-        pending, self.pending = self.pending, []
-        self.first_bad.fill_(-1)
+        finite_before = window[: bad_here if bad_here >= 0 else len(window)]
+        if len(finite_before):
+            self.last_finite = finite_before[-1].item()
+        pending, self.pending, self._folded = self.pending, [], 0
         if not any_bad:
             return None
-        last = self.last_finite.item()
         if bad_here >= 0:
             step, update, lr = pending[bad_here]
             where = f"epoch {epoch} step {step} (update {update})"
@@ -68,7 +80,8 @@ class LossWatch:
             step, update, lr = pending[-1]
             where = f"another rank, found at epoch {epoch} step {step} (update {update})"
         return Diverged(
-            f"the {what} became NaN/inf at {where}, lr {lr:.4g} at that step; last finite loss {last:.4g}; {FIXES}",
+            f"the {what} became NaN/inf at {where}, lr {lr:.4g} at that step; last finite loss "
+            f"{self.last_finite:.4g}; {FIXES}",
             update,
         )
 

@@ -218,7 +218,7 @@ def train_one_epoch(
         check_losses()
     progress.close()
     elapsed = time.perf_counter() - start
-    stats = torch.stack([losses.sum, losses.count]).cpu()
+    stats = losses.totals().cpu()
     all_reduce_sum(stats, p.dist)
     return EpochStats(
         loss=stats[0].item() / max(stats[1].item(), 1),  # the mean of the finite losses
