@@ -241,7 +241,7 @@ def train(cfg: DictConfig, dist: DistInfo, run_dir: Path, writer: MetricsWriter,
         epoch_stats.append(stats)
         # The log row first, last.pt last: a kill in between leaves a checkpoint that claims no
         # epoch without its row; the resume redoes the epoch and replaces the rows after it.
-        wait_s = next_epoch.waited_s if next_epoch is not None else 0.0
+        wait_s = next_epoch.waited_s if next_epoch is not None else None
         writer.log_epoch(epoch, stats, metrics, optimizer.param_groups[0]["lr"], parts.global_step, wait_s)
         if metrics["top1"] >= best_top1:
             save("best.pt", epoch + 1, 0)

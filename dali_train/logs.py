@@ -91,10 +91,11 @@ class MetricsWriter:
                 self._tb.flush()
 
     def log_epoch(
-        self, epoch: int, stats: Any, metrics: dict[str, float], lr: float, global_step: int, next_wait_s: float = 0.0
+        self, epoch: int, stats: Any, metrics: dict[str, float], lr: float, global_step: int, next_wait_s: float | None
     ) -> None:
         """One epoch's line in metrics.jsonl, its TensorBoard points and its summary log line.
-        `next_wait_s`: how long the next epoch's pipeline build outlasted validation (0: hidden)."""
+        `next_wait_s`: how long (on rank 0) the next epoch's pipeline build outlasted validation;
+        None when this job builds no next epoch."""
         self.epoch(
             {
                 "epoch": epoch,
@@ -191,6 +192,7 @@ def input_bound_verdict(data_wait_frac: float, loader_name: str) -> str:
     hint = {
         "pytorch": "switch to loader=dali (GPU decode) or raise loader.num_workers",
         "dali_cpu": "switch to loader=dali (GPU decode) or raise loader.num_threads",
-        "dali": "raise loader.num_threads or loader.hw_decoder_load, or loader.prefetch_queue_depth",
+        "dali": "raise loader.num_threads or loader.hw_decoder_load, or let scripts/benchmark.py --tune choose "
+        "(the wait includes the host waiting behind the GPU's queued steps: judge a change by img/s)",
     }.get(loader_name, "check the storage read speed")
     return f"input-bound: {data_wait_frac:.1%} of step time waited on loader={loader_name}; {hint}"

@@ -58,7 +58,7 @@ class DaliLoaderConfig(LoaderConfig):
     preallocate_height_hint: int = 0  # decoder buffer hint, px (0 = DALI default)
     device_memory_padding: int = 211025920  # bytes of headroom per GPU decode buffer
     host_memory_padding: int = 140544512  # bytes of headroom per pinned host decode buffer
-    exec_dynamic: bool = False  # true: DALI's dynamic executor, whose per-batch device syncs cost RN18 3% (benchmarks.md)
+    exec_dynamic: bool = False  # true: DALI's dynamic executor (device syncs per batch: slower, docs/benchmarks.md)
 
     def __post_init__(self) -> None:
         super().__post_init__()

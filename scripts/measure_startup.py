@@ -9,8 +9,9 @@ times what train.py does before its first step and at every epoch switch, with t
   pre-flight check   find_bad_files: the header/trailer read of every entry, in threads
   first batch        train pipeline build over the whole list + its first batch (epoch 0)
   epoch switch       set_epoch(1): the next epoch's order, file list and pipeline build + first batch
-  switch beside      set_epoch(2) on a thread (train.py's NextEpoch) while this thread counts in a
-                     Python loop, as validation would run: the share of its speed it keeps
+  switch beside      set_epoch(2) on a thread (train.py's NextEpoch) while a Python loop runs in this
+                     thread, as validation would: how long that loop stood still (the GIL held
+                     elsewhere), and as the method's zero, the same beside a thread that only sleeps
 and the peak host memory of the process (ru_maxrss) after each.
 
     python scripts/measure_startup.py --root /tmp/farm-1.28M --json startup.json
@@ -23,6 +24,7 @@ import argparse
 import json
 import resource
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -51,22 +53,39 @@ def make_farm(root: Path, entries: int, classes: int, jpegs: int, workers: int) 
     link_copies(root, "val", 50)
 
 
-def share_beside(start: Callable[[], NextEpoch]) -> float:
-    """The rate of a Python counting loop while `start()`'s thread runs, as a share of its rate alone:
-    what is left of validation's Python speed while the next epoch builds (the GIL decides)."""
-
-    def count(seconds: float | None, job: NextEpoch | None = None) -> tuple[int, float]:
-        n, t = 0, time.perf_counter()
-        while (job is not None and not job.ready()) or (seconds is not None and time.perf_counter() - t < seconds):
-            n += 1
-        return n, time.perf_counter() - t
-
-    alone, alone_s = count(1.0)
+def stalls_beside(start: Callable[[], NextEpoch], threshold: float = 0.02) -> tuple[float, float, float]:
+    """(seconds a Python loop in this thread stood still in gaps > `threshold`, the longest gap, the
+    seconds `start()`'s thread ran): how long validation's Python would stop while the next epoch
+    builds. A C++ call that keeps the GIL stops it for its whole length; threads that take turns at
+    the GIL, or share the cores, make gaps of milliseconds."""
+    started = last = time.perf_counter()
+    stalled = longest = 0.0
     job = start()
-    beside, beside_s = count(None, job)
+    while not job.ready():
+        for _ in range(100):
+            pass
+        now = time.perf_counter()
+        if now - last > threshold:
+            stalled, longest = stalled + now - last, max(longest, now - last)
+        last = now
+    seconds = time.perf_counter() - started
     if (error := job.join()) is not None:
         raise error
-    return (beside / beside_s) / (alone / alone_s)
+    return stalled, longest, seconds
+
+
+class _Sleeper:
+    """A NextEpoch stand-in that holds no GIL: the method's baseline (its stalls should be ~0)."""
+
+    def __init__(self, seconds: float) -> None:
+        self._thread = threading.Thread(target=time.sleep, args=(seconds,))
+        self._thread.start()
+
+    def ready(self) -> bool:
+        return not self._thread.is_alive()
+
+    def join(self) -> None:
+        self._thread.join()
 
 
 def main() -> None:
@@ -123,14 +142,16 @@ def main() -> None:
     loaders.train.set_epoch(1)
     next(iter(loaders.train))
     phase("epoch_switch", t)
-    t = time.perf_counter()
-    result["main_thread_share_beside_switch"] = share_beside(lambda: NextEpoch(loaders.train, 2, device))
-    phase("switch_beside", t)  # includes 1 s of counting alone
+    result["main_thread_stalled_beside_sleep_s"] = stalls_beside(lambda: _Sleeper(2.0))[0]  # the method's zero
+    stalled, longest, result["switch_beside_s"] = stalls_beside(lambda: NextEpoch(loaders.train, 2, device))
+    result.update(main_thread_stalled_beside_switch_s=stalled, main_thread_longest_stall_s=longest)
+    result["switch_beside_peak_rss_gib"] = peak_rss_gib()
     result["startup_s"] = result["listing_s"] + result["preflight_check_s"] + result["first_batch_s"]
     print(
         f"{result['train_entries']} train + {result['val_entries']} val entries: startup (listing + check + first "
-        f"batch) {result['startup_s']:.1f} s; epoch switch {result['epoch_switch_s']:.1f} s (on a thread, the main "
-        f"thread kept {result['main_thread_share_beside_switch']:.0%} of its Python speed); "
+        f"batch) {result['startup_s']:.1f} s; epoch switch {result['epoch_switch_s']:.1f} s; on a thread "
+        f"{result['switch_beside_s']:.1f} s, while a Python loop in the main thread stood still {stalled:.2f} s "
+        f"(longest {longest:.2f} s; beside a sleeping thread {result['main_thread_stalled_beside_sleep_s']:.2f} s); "
         f"peak host memory {peak_rss_gib():.2f} GiB"
     )
     if args.json:

@@ -17,11 +17,11 @@ which train.py runs on a thread during validation (`data.NextEpoch`).
 from __future__ import annotations
 
 import logging
-import os
 import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import IO
 
 import numpy as np
 import torch
@@ -76,19 +76,30 @@ def _normalize(images, t: Transform, *, mirror=None, crop=None):
     )
 
 
-def _reader_source(split: Split, indices: np.ndarray | None) -> tuple[dict, str | None]:
-    """fn.readers.file's input, in `indices` order (all files if None): a list file DALI parses in
-    C++ (its `file_list`), and its path, to delete once the pipeline is built. Given as Python lists,
-    1.28M names make `Pipeline.build()`, which holds the GIL, ~4x longer, and validation's Python loop
-    stops beside it (docs/benchmarks.md). Names with a line break cannot be listed so: they go as lists."""
+def _reader_source(split: Split, indices: np.ndarray | None) -> tuple[dict, IO[str] | None]:
+    """fn.readers.file's input, in `indices` order (all files if None), and the open list file to
+    close once the pipeline is built. The list goes as a file DALI parses in C++ (`file_list`):
+    given as Python lists, 1.28M names make `Pipeline.build()`, which holds the GIL, ~4x longer,
+    and validation's Python loop stops beside it (docs/benchmarks.md). The file is unlinked from the
+    start (read through /proc/self/fd), so nothing is left behind by a crash or a kill. Names with
+    a line break cannot be lines, and a temp folder that cannot take the list fails no run: lists."""
     order = range(len(split.files)) if indices is None else indices.tolist()  # Python ints index lists 3x faster
     text = "".join([f"{split.files[i]} {split.labels[i]}\n" for i in order])
-    if text.count("\n") != len(order):
-        return {"files": [split.files[i] for i in order], "labels": [split.labels[i] for i in order]}, None
-    fd, path = tempfile.mkstemp(prefix="dali-train-files-", suffix=".txt")
-    with os.fdopen(fd, "w", encoding="utf-8", errors="surrogateescape") as f:  # the names' bytes as listed
-        f.write(text)
-    return {"file_list": path, "file_root": ""}, path  # absolute paths: DALI takes each line's last field as label
+    if text.count("\n") == len(order):
+        handle = None
+        try:
+            handle = tempfile.TemporaryFile("w+", encoding="utf-8", errors="surrogateescape", prefix="dali-train-")
+            handle.write(text)  # the names' bytes as listed
+            handle.flush()
+            # file_root "": DALI would otherwise resolve the (absolute) names against the list's folder
+            return {"file_list": f"/proc/self/fd/{handle.fileno()}", "file_root": ""}, handle
+        except OSError as e:
+            if handle is not None:
+                handle.close()
+            log.info("DALI file list: %s; passing the names as lists (slower to build)", e)
+    else:
+        log.info("a file name in %s has a line break; DALI gets the names as lists (slower to build)", split.root)
+    return {"files": [split.files[i] for i in order], "labels": [split.labels[i] for i in order]}, None
 
 
 @pipeline_def
@@ -219,21 +230,20 @@ class DaliLoader:
 
     def _build(self) -> DALIGenericIterator:
         started = time.perf_counter()
-        if self.train:
-            source, list_path = _reader_source(self.split, self._order().indices)
-            seed = self.seed * 1_000_003 + self.epoch * 1009 + self.dist.rank
-            pipe = _train_pipeline(source, size=self.train_size_at(self.epoch), **self._pipe_kwargs(seed))
-            policy = LastBatchPolicy.DROP  # every shard is an exact number of batches anyway
-        else:
-            source, list_path = _reader_source(self.split, None)
-            pipe = _val_pipeline(source, **self._pipe_kwargs(self.seed + 7))
-            policy = LastBatchPolicy.PARTIAL  # drop the padded duplicates: exact val counts
+        source, list_file = _reader_source(self.split, self._order().indices if self.train else None)
         try:
             try:
+                if self.train:
+                    seed = self.seed * 1_000_003 + self.epoch * 1009 + self.dist.rank
+                    pipe = _train_pipeline(source, size=self.train_size_at(self.epoch), **self._pipe_kwargs(seed))
+                    policy = LastBatchPolicy.DROP  # every shard is an exact number of batches anyway
+                else:
+                    pipe = _val_pipeline(source, **self._pipe_kwargs(self.seed + 7))
+                    policy = LastBatchPolicy.PARTIAL  # drop the padded duplicates: exact val counts
                 pipe.build()  # the reader reads the list file here, once
             finally:
-                if list_path is not None:
-                    os.unlink(list_path)
+                if list_file is not None:
+                    list_file.close()
             built = time.perf_counter()
             # The iterator runs the pipeline for its first batches before it returns, so a bad
             # file there fails here: in set_epoch, i.e. during the previous epoch's validation.

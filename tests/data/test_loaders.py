@@ -14,6 +14,7 @@ from hydra.core.global_hydra import GlobalHydra
 
 from dali_train.config import load_config, register_configs
 from dali_train.data import DatasetError, NextEpoch, build_loaders, progressive_size
+from dali_train.data.dali import _reader_source
 from dali_train.data.order import epoch_order
 from dali_train.distributed import DistInfo
 from tests.conftest import REPO
@@ -240,24 +241,34 @@ def test_next_epoch_builds_on_a_thread_and_hands_its_error_to_join(copied_root):
     assert joined_at_once.waited_s > 0  # what train.py logs as next_epoch_wait_s
 
 
-@pytest.mark.parametrize("odd", ["with space 3.JPEG", "line\nbreak.JPEG"])  # a list file's line; the list fallback
-def test_dali_reads_files_by_any_name_in_the_epoch_order(copied_root, tmp_path, monkeypatch, odd):
-    """DALI gets each epoch's files as a list file (fast to build): names with spaces, a space and a
-    digit before the extension, or a line break (then passed as lists) are read as named, with their
-    labels, in the epoch's order; the list file is gone once the pipeline is built."""
+@pytest.mark.parametrize(
+    ("odd", "temp", "given_as"),
+    [
+        ("with space 3.JPEG", "lists", "file_list"),  # a space and a digit before the extension: one line
+        ("line\nbreak.JPEG", "lists", "files"),  # cannot be a line: lists
+        ("plain.JPEG", "missing", "files"),  # a temp folder that takes no file: lists, not a failed run
+    ],
+)
+def test_dali_reads_files_by_any_name_in_the_epoch_order(copied_root, tmp_path, monkeypatch, odd, temp, given_as):
+    """DALI gets each epoch's files as a list file (fast to build) or, where that cannot be, as
+    lists: either way every file is read as named, with its label, in the epoch's order, and no
+    list file stays behind."""
     for split in ("train", "val"):
         first = sorted((copied_root / split / "n00000004").iterdir())[0]
         first.rename(first.with_name(odd))
-    lists = tmp_path / "lists"
-    lists.mkdir()
-    monkeypatch.setattr(tempfile, "tempdir", str(lists))
+    (tmp_path / "lists").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / temp))
     ld = loaders(copied_root, "loader=dali_cpu", *SMALL, "loader.batch_size=8")
     train = ld.dataset.train
     assert any(f.endswith(odd) for f in train.files)
+    source, list_file = _reader_source(train, None)
+    assert given_as in source and (list_file is None) == (given_as == "files")
+    if list_file is not None:
+        list_file.close()
     ld.train.set_epoch(1)
     labels = torch.cat([batch_labels for _, batch_labels in ld.train]).tolist()
     order = epoch_order(len(train.files), seed=0, epoch=1, batch_size=8, world_size=1).rank_block(0, 1)
     assert labels == [train.labels[i] for i in order]
     val_labels = torch.cat([batch_labels for _, batch_labels in ld.val]).tolist()
     assert val_labels == ld.dataset.val.labels
-    assert not list(lists.iterdir())
+    assert not list((tmp_path / "lists").iterdir())
