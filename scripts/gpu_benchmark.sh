@@ -3,7 +3,8 @@
 # (a 16-core host with 1 or 2 H200s), from generating the data to the summary table:
 #   bash scripts/gpu_benchmark.sh 1gpu OUTDIR   # ResNet-18 and ResNet-50, eager and compiled (reduce-overhead):
 #                                               # model-only vs e2e dali; train.py 2 epochs; startup on a
-#                                               # 1.28M-entry link farm
+#                                               # 1.28M-entry link farm, and train.py there (3 epochs of
+#                                               # 40 steps): does validation hide the next epoch's build?
 #   bash scripts/gpu_benchmark.sh 2gpu OUTDIR   # ResNet-18 and ResNet-50 eager on 1 GPU and on 2 (torchrun):
 #                                               # scaling; train.py 2 epochs on 2 GPUs
 # Data: 100 classes x 200 synthetic ImageNet-like JPEGs (500x375, ~110 KB) linked 8x (2gpu: 16x), so an
@@ -24,6 +25,7 @@ NCPU=$(nproc)
 LINKS=$([ "$MODE" = 2gpu ] && echo 16 || echo 8)  # >= 500 steps per epoch per GPU at batch 256
 SIZE="--classes 100 --train-per-class 200 --val-per-class 10"
 FARM="--root /tmp/gpu-benchmark-farm-1.28M" FARM_OVERRIDES=""
+FARM_TRAIN="loader.batch_size=256 trainer.amp=bf16 trainer.channels_last=true trainer.max_steps_per_epoch=40"
 DATA=/tmp/gpu-benchmark-data-x$LINKS
 RUNS=/tmp/gpu-benchmark-runs  # full run dirs stay here; OUTDIR gets the few files above
 COMMON="data=imagenet data.root=$DATA loader.batch_size=256 trainer.amp=bf16 trainer.channels_last=true"
@@ -32,6 +34,8 @@ if [ "${SMOKE:-0}" = 1 ]; then
   SIZE="--classes 4 --train-per-class 8 --val-per-class 2 --width 64 --height 48"
   FARM="--root /tmp/gpu-benchmark-smoke-farm --entries 200 --classes 10 --jpegs-per-class 2"
   FARM_OVERRIDES="trainer.device=cpu loader.batch_size=16"
+  FARM_TRAIN="trainer.device=cpu loader.batch_size=8 data.train_size=32 data.val_resize=36 data.val_size=32 \
+loader.num_threads=1 trainer.max_steps_per_epoch=3"
   DATA=/tmp/gpu-benchmark-smoke-x$LINKS RUNS=/tmp/gpu-benchmark-smoke-runs WINDOWS="--steps 2 --warmup 1 --repeats 2"
   COMMON="data=imagenet data.root=$DATA loader.batch_size=8 trainer.device=cpu data.train_size=32 data.val_resize=36 \
 data.val_size=32 trainer.max_val_steps=2 trainer.max_steps_per_epoch=3"
@@ -84,6 +88,11 @@ if [ "$MODE" = 1gpu ]; then
   step "startup on a 1.28M-entry link farm (1,000 classes): listing, pre-flight check, first batch, epoch switch"
   timeout 120 python scripts/measure_startup.py $FARM --workers "$NCPU" --json "$OUT/startup.json" \
     -- $FARM_OVERRIDES 2>&1 | quiet | tail -7
+  step "train.py on that farm, resnet18, 3 short epochs with full validation: is the next epoch's build hidden?"
+  farm_root=$(echo $FARM | cut -d' ' -f2)
+  timeout 150 python train.py data=imagenet data.root="$farm_root" data.verify_files=false model=resnet18 trainer.epochs=3 \
+    $FARM_TRAIN hydra.run.dir="$RUNS/farm_train" 2>&1 | grep -E "epoch [0-9]+:|rror|still waiting" | tail -4
+  cp "$RUNS/farm_train/metrics.jsonl" "$OUT/farm_train.metrics.jsonl" 2>/dev/null || echo "farm train.py: no metrics"
 else
   bench one_gpu 130 env CUDA_VISIBLE_DEVICES=0 python -- --modes model e2e --loaders dali --models resnet18 resnet50
   bench two_gpus 160 torchrun --standalone --nproc_per_node=2 -- --modes model e2e --loaders dali --models resnet18 resnet50
@@ -142,6 +151,14 @@ bench_e2e = e2e_by.get(("resnet18", "off", 1 if mode == "1gpu" else 2))
 t = epoch2(train)
 print(f"\ntrain.py resnet18, epoch 2: {fmt(t)} img/s = {fmt(t / bench_e2e if t and bench_e2e else None, '.1%')} "
       f"of the benchmark's e2e figure ({fmt(bench_e2e)})")
+farm = out / "farm_train.metrics.jsonl"
+if farm.is_file():
+    rows = [json.loads(line) for line in farm.read_text().splitlines()]
+    waits = " / ".join(fmt(r["next_epoch_wait_s"], ".3f") for r in rows[:-1])
+    times = [b["wall_time_s"] - a["wall_time_s"] for a, b in zip(rows, rows[1:])]
+    print(f"\ntrain.py on the farm, resnet18, {len(rows)} epochs of a few steps each + full validation: waited "
+          f"{waits} s for the next epoch's build after validation; epochs 1 to {len(rows) - 1} took "
+          f"{' / '.join(f'{t:.1f}' for t in times)} s (the last validated with no build beside it)")
 startup = load("startup")
 if startup:
     print(f"\nstartup, {startup['train_entries']:,} train + {startup['val_entries']:,} val entries: listing "
