@@ -89,6 +89,19 @@ def blur_strided_convs(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
+def _blurred_conv_keys(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """`state` with the weights of each conv that `blur_strided_convs` wrapped (now `NAME.1.*`) taken
+    from `NAME.*` (an unblurred model's file) or `NAME.conv.*` (FFCV's BlurPoolConv2d)."""
+    state = dict(state)
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.Sequential) and len(module) == 2 and isinstance(module[0], BlurPool2d):
+            for tensor in ("weight", "bias"):
+                for source in (f"{name}.{tensor}", f"{name}.conv.{tensor}"):
+                    if source in state and f"{name}.1.{tensor}" not in state:
+                        state[f"{name}.1.{tensor}"] = state.pop(source)
+    return state
+
+
 def read_weights(path: str) -> tuple[dict[str, torch.Tensor], str]:
     """(state_dict, which) from a local file: a raw state_dict, a .safetensors file, or a training
     checkpoint (ours or timm's: its EMA weights when it has them, as best.pt is chosen on them).
@@ -123,6 +136,7 @@ def load_pretrained(model: torch.nn.Module, path: str, *, strict: bool = True) -
     shape, except a classifier of another size (fine-tuning on other classes: left at its fresh
     initialization). Not strict: what fits is loaded, with a warning that counts the rest."""
     state, which = read_weights(path)
+    state = _blurred_conv_keys(model, state)
     own = model.state_dict()
     fits = {k: v for k, v in state.items() if k in own and own[k].shape == v.shape}
     classifier = (getattr(model, "pretrained_cfg", None) or {}).get("classifier")

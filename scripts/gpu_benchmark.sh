@@ -152,9 +152,11 @@ t = epoch2(train)
 print(f"\ntrain.py resnet18, epoch 2: {fmt(t)} img/s = {fmt(t / bench_e2e if t and bench_e2e else None, '.1%')} "
       f"of the benchmark's e2e figure ({fmt(bench_e2e)})")
 farm = out / "farm_train.metrics.jsonl"
-if farm.is_file():
-    rows = [json.loads(line) for line in farm.read_text().splitlines()]
-    waits = " / ".join(fmt(r["next_epoch_wait_s"], ".3f") for r in rows[:-1])
+rows = [json.loads(line) for line in farm.read_text().splitlines()] if farm.is_file() else []
+if mode == "1gpu" and len(rows) < 2:
+    print(f"\ntrain.py on the farm: {len(rows)} epoch(s) logged, too few to time a switch")
+elif mode == "1gpu":
+    waits = " / ".join(fmt(r.get("next_epoch_wait_s"), ".3f") for r in rows[:-1])
     times = [b["wall_time_s"] - a["wall_time_s"] for a, b in zip(rows, rows[1:])]
     print(f"\ntrain.py on the farm, resnet18, {len(rows)} epochs of a few steps each + full validation: waited "
           f"{waits} s for the next epoch's build after validation; epochs 1 to {len(rows) - 1} took "

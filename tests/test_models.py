@@ -74,6 +74,18 @@ def test_blur_strided_convs_blurs_before_every_strided_conv_of_16_channels_or_mo
         build_model(ModelConfig(name="test_vit", blur_strided_convs=True), 10)
 
 
+@pytest.mark.parametrize("layout", ["unblurred", "ffcv"])  # NAME.weight, or FFCV's BlurPoolConv2d: NAME.conv.weight
+def test_pretrained_weights_load_into_the_blurred_convs(tmp_path, layout):
+    plain = build_model(ModelConfig(name="resnet18"), 10)
+    state = plain.state_dict()
+    if layout == "ffcv":
+        state = {k.replace("layer2.0.conv1.", "layer2.0.conv1.conv."): v for k, v in state.items()}
+    torch.save(state, tmp_path / "w.pt")
+    blurred = build_model(ModelConfig(name="resnet18", blur_strided_convs=True, pretrained=str(tmp_path / "w.pt")), 10)
+    torch.testing.assert_close(blurred.layer2[0].conv1[1].weight, plain.layer2[0].conv1.weight)
+    torch.testing.assert_close(blurred.layer4[0].downsample[0][1].weight, plain.layer4[0].downsample[0].weight)
+
+
 @pytest.mark.parametrize(("warmup", "expected_decay"), [(False, 0.999), (True, 1 - 2 ** (-2 / 3))])
 def test_ema_warmup_lets_the_first_updates_follow_the_model(warmup, expected_decay):
     """timm's EMA warmup: decay 1 - (1 + t)^(-2/3) (0.37 at t = 1), capped at ema_decay; without it a

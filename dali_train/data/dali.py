@@ -232,18 +232,22 @@ class DaliLoader:
         started = time.perf_counter()
         source, list_file = _reader_source(self.split, self._order().indices if self.train else None)
         try:
-            try:
-                if self.train:
-                    seed = self.seed * 1_000_003 + self.epoch * 1009 + self.dist.rank
-                    pipe = _train_pipeline(source, size=self.train_size_at(self.epoch), **self._pipe_kwargs(seed))
-                    policy = LastBatchPolicy.DROP  # every shard is an exact number of batches anyway
-                else:
-                    pipe = _val_pipeline(source, **self._pipe_kwargs(self.seed + 7))
-                    policy = LastBatchPolicy.PARTIAL  # drop the padded duplicates: exact val counts
-                pipe.build()  # the reader reads the list file here, once
-            finally:
-                if list_file is not None:
-                    list_file.close()
+            if self.train:
+                seed = self.seed * 1_000_003 + self.epoch * 1009 + self.dist.rank
+                pipe = _train_pipeline(source, size=self.train_size_at(self.epoch), **self._pipe_kwargs(seed))
+                policy = LastBatchPolicy.DROP  # every shard is an exact number of batches anyway
+            else:
+                pipe = _val_pipeline(source, **self._pipe_kwargs(self.seed + 7))
+                policy = LastBatchPolicy.PARTIAL  # drop the padded duplicates: exact val counts
+            pipe.build()  # the reader reads the list file here, once; no image is decoded yet
+        except RuntimeError as e:  # not a file's fault: say what DALI says, in one line
+            what = "train" if self.train else "val"
+            raise DatasetError(f"DALI could not build the {what} pipeline over {self.split.root}: "
+                               f"{str(e).strip().splitlines()[0]}") from None  # fmt: skip
+        finally:
+            if list_file is not None:
+                list_file.close()
+        try:
             built = time.perf_counter()
             # The iterator runs the pipeline for its first batches before it returns, so a bad
             # file there fails here: in set_epoch, i.e. during the previous epoch's validation.

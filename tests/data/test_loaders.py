@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from collections.abc import Iterable, Iterator
@@ -241,6 +242,17 @@ def test_next_epoch_builds_on_a_thread_and_hands_its_error_to_join(copied_root):
     assert joined_at_once.waited_s > 0  # what train.py logs as next_epoch_wait_s
 
 
+def open_lists(folder: Path) -> list[str]:
+    """This process's open files in `folder` (unnamed temporary files included)."""
+    targets = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            targets.append(os.readlink(f"/proc/self/fd/{fd}"))
+        except OSError:  # closed meanwhile (the listing's own fd)
+            pass
+    return [t for t in targets if t.startswith(str(folder))]
+
+
 @pytest.mark.parametrize(
     ("odd", "temp", "given_as"),
     [
@@ -263,6 +275,7 @@ def test_dali_reads_files_by_any_name_in_the_epoch_order(copied_root, tmp_path, 
     assert any(f.endswith(odd) for f in train.files)
     source, list_file = _reader_source(train, None)
     assert given_as in source and (list_file is None) == (given_as == "files")
+    assert len(open_lists(tmp_path / "lists")) == (list_file is not None)  # an unnamed file, still seen open
     if list_file is not None:
         list_file.close()
     ld.train.set_epoch(1)
@@ -271,4 +284,16 @@ def test_dali_reads_files_by_any_name_in_the_epoch_order(copied_root, tmp_path, 
     assert labels == [train.labels[i] for i in order]
     val_labels = torch.cat([batch_labels for _, batch_labels in ld.val]).tolist()
     assert val_labels == ld.dataset.val.labels
-    assert not list((tmp_path / "lists").iterdir())
+    assert not list((tmp_path / "lists").iterdir()) and not open_lists(tmp_path / "lists")  # none left, none open
+
+
+def test_a_pipeline_dali_cannot_build_is_one_line_not_a_decode_error(sample_root, monkeypatch):
+    """A build failure (here: a list file DALI cannot open) is no file's fault: DALI's own first
+    line, with the split, instead of a hunt for undecodable files."""
+    import dali_train.data.dali as dali_module
+
+    monkeypatch.setattr(dali_module, "_reader_source", lambda split, indices: ({"file_list": "/nonexistent/list"}, None))
+    ld = loaders(sample_root, "loader=dali_cpu", *SMALL)
+    with pytest.raises(DatasetError, match=r"DALI could not build the train pipeline over .*train: ") as e:
+        ld.train.set_epoch(0)
+    assert "\n" not in str(e.value) and "could not decode" not in str(e.value)
