@@ -35,7 +35,8 @@ if [ "${SMOKE:-0}" = 1 ]; then
   FARM="--root /tmp/gpu-benchmark-smoke-farm --entries 200 --classes 10 --jpegs-per-class 2"
   FARM_OVERRIDES="trainer.device=cpu loader.batch_size=16"
   FARM_TRAIN="trainer.device=cpu loader.batch_size=8 data.train_size=32 data.val_resize=36 data.val_size=32 \
-loader.num_threads=1 trainer.max_steps_per_epoch=3"
+loader.num_threads=1 trainer.max_steps_per_epoch=3 trainer.max_val_steps=10"
+  export TORCHINDUCTOR_COMPILE_THREADS=1  # no pool of compile processes: the smoke run shares 2 cores with tests
   DATA=/tmp/gpu-benchmark-smoke-x$LINKS RUNS=/tmp/gpu-benchmark-smoke-runs WINDOWS="--steps 2 --warmup 1 --repeats 2"
   COMMON="data=imagenet data.root=$DATA loader.batch_size=8 trainer.device=cpu data.train_size=32 data.val_resize=36 \
 data.val_size=32 trainer.max_val_steps=2 trainer.max_steps_per_epoch=3"
