@@ -13,7 +13,9 @@
 # printed), summary.md (the tables docs/benchmarks.md shows), the raw JSON they come from and (1gpu)
 # a profile summary per ResNet-18 row.
 # Needs torch, timm, DALI and Hydra importable; runs this checkout's package (PYTHONPATH).
-# SMOKE=1 runs the same steps on CPU with tiny data and windows (a check of the script, no GPU needed).
+# SMOKE=1 runs the same steps on CPU with tiny data and windows, eager rows only, no profile: a check
+# of the script without a GPU (~50 s on 2 cores; kept out of the test suite, whose target is 3 min).
+# Check summary.md: every eager row and the farm line filled.
 set -uo pipefail
 MODE=${1:?1gpu or 2gpu}
 OUT=${2:?output folder}
@@ -26,6 +28,7 @@ LINKS=$([ "$MODE" = 2gpu ] && echo 16 || echo 8)  # >= 500 steps per epoch per G
 SIZE="--classes 100 --train-per-class 200 --val-per-class 10"
 FARM="--root /tmp/gpu-benchmark-farm-1.28M" FARM_OVERRIDES=""
 FARM_TRAIN="loader.batch_size=256 trainer.amp=bf16 trainer.channels_last=true trainer.max_steps_per_epoch=40"
+COMPILES="off reduce-overhead" PROFILE=1
 DATA=/tmp/gpu-benchmark-data-x$LINKS
 RUNS=/tmp/gpu-benchmark-runs  # full run dirs stay here; OUTDIR gets the few files above
 COMMON="data=imagenet data.root=$DATA loader.batch_size=256 trainer.amp=bf16 trainer.channels_last=true"
@@ -36,7 +39,7 @@ if [ "${SMOKE:-0}" = 1 ]; then
   FARM_OVERRIDES="trainer.device=cpu loader.batch_size=16"
   FARM_TRAIN="trainer.device=cpu loader.batch_size=8 data.train_size=32 data.val_resize=36 data.val_size=32 \
 loader.num_threads=1 trainer.max_steps_per_epoch=3 trainer.max_val_steps=10"
-  export TORCHINDUCTOR_COMPILE_THREADS=1  # no pool of compile processes: the smoke run shares 2 cores with tests
+  COMPILES=off PROFILE=""  # no CPU compile or profile (their own tests cover them): the smoke run stays light
   DATA=/tmp/gpu-benchmark-smoke-x$LINKS RUNS=/tmp/gpu-benchmark-smoke-runs WINDOWS="--steps 2 --warmup 1 --repeats 2"
   COMMON="data=imagenet data.root=$DATA loader.batch_size=8 trainer.device=cpu data.train_size=32 data.val_resize=36 \
 data.val_size=32 trainer.max_val_steps=2 trainer.max_steps_per_epoch=3"
@@ -81,10 +84,10 @@ if [ "$MODE" = 1gpu ]; then
   export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
   # --profile: 20 more steps per row under torch.profiler, after the timed windows (which it does not touch);
   # OUT gets each row's summary (per-stream GPU busy time, idle time, host time waiting for data)
-  bench rn18 240 python -- --modes model e2e --loaders dali --models resnet18 --compile off reduce-overhead \
-    --profile "$RUNS/profiles"
+  bench rn18 240 python -- --modes model e2e --loaders dali --models resnet18 --compile $COMPILES \
+    ${PROFILE:+--profile "$RUNS/profiles"}
   cp "$RUNS"/profiles/profile_*.txt "$OUT"/ 2>/dev/null || echo "rn18: no profile summaries"
-  bench rn50 240 python -- --modes model e2e --loaders dali --models resnet50 --compile off reduce-overhead
+  bench rn50 240 python -- --modes model e2e --loaders dali --models resnet50 --compile $COMPILES
   train train 110 python
   step "startup on a 1.28M-entry link farm (1,000 classes): listing, pre-flight check, first batch, epoch switch"
   timeout 120 python scripts/measure_startup.py $FARM --workers "$NCPU" --json "$OUT/startup.json" \
