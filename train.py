@@ -30,13 +30,7 @@ from omegaconf import DictConfig, OmegaConf
 from dali_train.checkpoint import Checkpointer, CheckpointMeta
 from dali_train.config import composition_error_line, load_config, register_configs
 from dali_train.data import DatasetError, NextEpoch, build_loaders
-from dali_train.device import (
-    amp_dtype_for,
-    configure_backends,
-    select_device,
-    set_cuda_max_connections,
-    use_priority_stream,
-)
+from dali_train.device import amp_dtype_for, configure_backends, select_device, set_cuda_max_connections
 from dali_train.distributed import (
     DistInfo,
     StopFlag,
@@ -113,7 +107,6 @@ def train(cfg: DictConfig, dist: DistInfo, run_dir: Path, writer: MetricsWriter,
     tc = c.trainer
     set_collective_timeout(tc.dist_timeout_s, dist)
     device = select_device(tc.device, dist)
-    use_priority_stream(device, tc.priority_stream)  # before any tensor: all of them live on it
     summary["device"] = device
     amp_dtype = amp_dtype_for(tc.amp, device)
     configure_backends(device, deterministic=tc.deterministic, cudnn_benchmark=tc.cudnn_benchmark)

@@ -117,7 +117,6 @@ class TrainerConfig:
     compile_mode: str = "default"  # default | reduce-overhead (CUDA graphs) | max-autotune | max-autotune-no-cudagraphs
     cuda_max_connections: int = 32  # CUDA_DEVICE_MAX_CONNECTIONS unless set in the environment; 0 = CUDA's 8
     cudnn_benchmark: bool = True  # autotune convolutions for fixed input sizes
-    priority_stream: bool = False  # run on a CUDA stream of the highest priority: DALI's kernels yield to the model's
     deterministic: bool = False  # deterministic algorithms (slower); used by the resume test
     grad_accum_steps: int = 1  # micro-batches per optimizer step (no all-reduce between)
     clip_grad_norm: float | None = None  # max global grad norm; null = no clipping

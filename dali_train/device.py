@@ -34,19 +34,6 @@ def select_device(name: str, dist: DistInfo) -> torch.device:
     return device
 
 
-def use_priority_stream(device: torch.device, enabled: bool) -> torch.cuda.Stream | None:
-    """Make a stream of the highest priority this thread's current one, so that the GPU's block
-    scheduler serves the model's kernels before DALI's (decode, resize, normalize run on DALI's own
-    streams, of the lowest priority, with batches of slack from prefetching). Call before the
-    model exists: everything then lives on this stream (threads that make batches take the caller's
-    stream, `data.NextEpoch`). Returns the stream (None: the default stream stays)."""
-    if device.type != "cuda" or not enabled:
-        return None
-    stream = torch.cuda.Stream(device, priority=-100)  # torch maps it to the highest priority it offers
-    torch.cuda.set_stream(stream)
-    return stream
-
-
 def amp_dtype_for(name: str, device: torch.device) -> torch.dtype | None:
     """Autocast dtype of `trainer.amp`; fp32 on CPU, where bf16 autocast is slow on most CPUs."""
     return AMP_DTYPES[name] if device.type == "cuda" else None

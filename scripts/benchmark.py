@@ -42,13 +42,7 @@ from omegaconf import OmegaConf
 
 from dali_train.config import COMPILE_MODES, Config, load_config, register_configs
 from dali_train.data import build_loaders
-from dali_train.device import (
-    amp_dtype_for,
-    configure_backends,
-    select_device,
-    set_cuda_max_connections,
-    use_priority_stream,
-)
+from dali_train.device import amp_dtype_for, configure_backends, select_device, set_cuda_max_connections
 from dali_train.distributed import init_distributed, shutdown
 from dali_train.engine import TrainParts, train_step
 from dali_train.parts import build_train_parts
@@ -540,7 +534,6 @@ def main() -> None:
     set_cuda_max_connections(base.trainer.cuda_max_connections)  # before anything starts CUDA, as in train.py
     dist = init_distributed()  # under torchrun: one process per GPU, DDP; rates count all ranks
     device = select_device(base.trainer.device, dist)
-    use_priority_stream(device, base.trainer.priority_stream)  # as in train.py
     configure_backends(device, deterministic=False, cudnn_benchmark=True)
     rows = tune(args, dist, device) if args.tune else run(args, dist, device)
     shutdown()

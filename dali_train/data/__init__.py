@@ -51,24 +51,19 @@ class NextEpoch:
     """`loader.set_epoch(epoch)` on a thread, started before validation and joined after it: the
     next epoch's pipeline build and first batches (4.6 s over a 1.28M-file list on an H200)
     overlap validation instead of preceding it. Nothing is raised on the thread: `join()` returns
-    its exception, and train.py raises it after the validated epoch is saved. The thread makes its
-    batches on the caller's current stream (`trainer.priority_stream`), where they are used: a
-    thread's current stream is its own, and another one would race the copy into them."""
+    its exception, and train.py raises it after the validated epoch is saved. Batches come out on
+    the thread's current stream: the legacy default stream, as the main thread's (neither sets one)."""
 
     def __init__(self, loader: Loader, epoch: int, device: torch.device) -> None:
         self.error: BaseException | None = None
         self.waited_s = 0.0  # how long join() blocked: the part of the switch validation did not hide
-        stream = torch.cuda.current_stream(device) if device.type == "cuda" else None
-        self._thread = threading.Thread(
-            target=self._run, args=(loader, epoch, device, stream), name=f"epoch-{epoch}-build"
-        )
+        self._thread = threading.Thread(target=self._run, args=(loader, epoch, device), name=f"epoch-{epoch}-build")
         self._thread.start()
 
-    def _run(self, loader: Loader, epoch: int, device: torch.device, stream: torch.cuda.Stream | None) -> None:
+    def _run(self, loader: Loader, epoch: int, device: torch.device) -> None:
         try:
-            if stream is not None:  # the current device and stream are per thread: take the caller's
+            if device.type == "cuda":  # the current device is per thread; the batches belong on this rank's
                 torch.cuda.set_device(device)
-                torch.cuda.set_stream(stream)
             loader.set_epoch(epoch)
         except BaseException as e:  # noqa: BLE001 - handed to the main thread by join()
             self.error = e

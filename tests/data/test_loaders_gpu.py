@@ -6,7 +6,6 @@ import pytest
 import torch
 
 from dali_train.data import Loaders, NextEpoch, build_loaders
-from dali_train.device import use_priority_stream
 from dali_train.distributed import DistInfo
 from tests.data.test_loaders import SMALL, make_cfg
 
@@ -49,30 +48,3 @@ def test_an_epoch_built_on_a_thread_matches_one_built_in_the_main_thread(sample_
     for (images, labels), (images_ref, labels_ref) in zip(threaded.train, plain.train, strict=True):
         assert images.device == device and torch.equal(labels, labels_ref)
         torch.testing.assert_close(images, images_ref)
-
-
-def test_on_a_priority_stream_a_threaded_epoch_matches_one_built_in_the_main_thread(sample_root):
-    """With `trainer.priority_stream` the batches live on the main thread's priority stream; the
-    build thread makes them there too (its own current stream would be the default one)."""
-    device = torch.device("cuda", 0)
-    cfg = make_cfg(sample_root, "loader=dali", *SMALL)
-
-    def built() -> Loaders:
-        return build_loaders(cfg.data, cfg.loader, DistInfo(0, 0, 1), device, half=True, channels_last=True, seed=cfg.seed)
-
-    default_stream = torch.cuda.current_stream(device)
-    try:
-        stream = use_priority_stream(device, True)
-        assert torch.cuda.current_stream(device) == stream and stream.priority < default_stream.priority
-        threaded, plain = built(), built()
-        threaded.train.set_epoch(0)
-        next_epoch = NextEpoch(threaded.train, 1, device)
-        assert sum(1 for _ in threaded.val) == len(threaded.val)
-        assert next_epoch.join() is None
-        plain.train.set_epoch(1)
-        for (images, labels), (images_ref, labels_ref) in zip(threaded.train, plain.train, strict=True):
-            assert torch.equal(labels, labels_ref)
-            torch.testing.assert_close(images, images_ref)
-    finally:
-        torch.cuda.synchronize(device)
-        torch.cuda.set_stream(default_stream)
