@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from timm.layers import BlurPool2d
 
 from dali_train.config import ModelConfig
 from dali_train.distributed import DistInfo
@@ -31,7 +32,7 @@ def test_unknown_model_and_rejected_kwargs_are_one_line_errors():
 
 
 def _blur_pools(model: torch.nn.Module) -> list[str]:
-    return [name for name, m in model.named_modules() if type(m).__name__ == "BlurPool2d"]
+    return [name for name, m in model.named_modules() if isinstance(m, BlurPool2d)]
 
 
 def test_stem_blur_pool_blurs_the_stem_only_and_keeps_the_shapes():
@@ -70,6 +71,10 @@ def test_blur_strided_convs_blurs_before_every_strided_conv_of_16_channels_or_mo
     expected = conv(torch.nn.functional.conv2d(x, kernel, padding=1, groups=64))  # zero padding, as FFCV
     torch.testing.assert_close(wrapped(x), expected)
     assert blurred(torch.randn(2, 3, 64, 64)).shape == (2, 10)
+    with torch.profiler.profile() as prof:  # the zero padding is the conv's, not one more pass over x
+        blur(x)
+    ops = {e.name for e in prof.events()}
+    assert "aten::conv2d" in ops and not ops & {"aten::pad", "aten::constant_pad_nd"}
     with pytest.raises(ModelError, match=r"model.blur_strided_convs=true: VisionTransformer has no strided"):
         build_model(ModelConfig(name="test_vit", blur_strided_convs=True), 10)
 
