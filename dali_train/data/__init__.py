@@ -127,7 +127,8 @@ def _pytorch(dataset: ImageFolderDataset, loader: PytorchLoaderConfig, **common)
 
 
 def _dali(dataset: ImageFolderDataset, loader: DaliLoaderConfig, **common) -> tuple[Loader, Loader]:
-    from dali_train.data.dali import DaliLoader, Placement
+    from dali_train.data.dali import DaliLoader
+    from dali_train.data.dali_graph import Placement
 
     placement = Placement.choose(loader.name, common["device"])
     if loader.name == "dali" and placement.decoder == "cpu":

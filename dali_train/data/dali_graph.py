@@ -1,0 +1,148 @@
+"""The DALI graphs: what each pipeline computes from a split's files (JPEG decode, random-resized
+crop or squish, flip, normalize), in one of three placements (`Placement`):
+- `dali` on a GPU: the "mixed" decoder (nvJPEG, with the hardware JPEG engine taking
+  `hw_decoder_load` of the images) fused with the random crop, then resize, flip and normalize on
+  the GPU;
+- `dali_cpu` on a GPU: decode, crop and resize on CPU threads, normalize on the GPU;
+- either one without a GPU (`device_id=None`): everything on CPU threads; the tests run this.
+`data.dali.DaliLoader` builds them per epoch and iterates them.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+from dataclasses import dataclass
+from typing import IO
+
+import numpy as np
+import torch
+from nvidia.dali import fn, pipeline_def, types
+
+from dali_train.data.folder import Split
+from dali_train.data.transform import Transform
+from dali_train.options import DaliLoaderConfig
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Placement:
+    decoder: str  # "mixed" (nvJPEG on the GPU) or "cpu"
+    gpu_post: bool  # resize/flip/normalize on the GPU
+    device_id: int | None  # CUDA device of the pipeline; None = CPU-only pipeline
+
+    @staticmethod
+    def choose(loader_name: str, device: torch.device) -> Placement:
+        if device.type != "cuda":
+            return Placement("cpu", False, None)
+        return Placement("mixed" if loader_name == "dali" else "cpu", True, device.index or 0)
+
+
+def _decoder_kwargs(placement: Placement, s: DaliLoaderConfig) -> dict:
+    if placement.decoder != "mixed":
+        return {}
+    kwargs = {
+        "hw_decoder_load": s.hw_decoder_load,
+        "device_memory_padding": s.device_memory_padding,
+        "host_memory_padding": s.host_memory_padding,
+    }
+    if s.preallocate_width_hint and s.preallocate_height_hint:
+        kwargs["preallocate_width_hint"] = s.preallocate_width_hint
+        kwargs["preallocate_height_hint"] = s.preallocate_height_hint
+    return kwargs
+
+
+def _normalize(images, t: Transform, *, mirror=None, crop=None):
+    return fn.crop_mirror_normalize(
+        images,
+        dtype=types.FLOAT16 if t.half else types.FLOAT,
+        output_layout="HWC" if t.channels_last else "CHW",
+        crop=crop,
+        mean=[m * 255 for m in t.mean],
+        std=[s * 255 for s in t.std],
+        mirror=mirror,
+    )
+
+
+def reader_source(split: Split, indices: np.ndarray | None) -> tuple[dict, IO[str] | None]:
+    """fn.readers.file's input, in `indices` order (all files if None), and the open list file to
+    close once the pipeline is built. The list goes as a file DALI parses in C++ (`file_list`):
+    given as Python lists, 1.28M names make `Pipeline.build()`, which holds the GIL, ~4x longer,
+    and validation's Python loop stops beside it (docs/benchmarks.md). The file is unlinked from the
+    start (read through /proc/self/fd), so nothing is left behind by a crash or a kill. Names with
+    a line break cannot be lines, and a temp folder that cannot take the list fails no run: lists."""
+    order = range(len(split.files)) if indices is None else indices.tolist()  # Python ints index lists 3x faster
+    text = "".join([f"{split.files[i]} {split.labels[i]}\n" for i in order])
+    if text.count("\n") == len(order):
+        handle = None
+        try:
+            handle = tempfile.TemporaryFile("w+", encoding="utf-8", errors="surrogateescape", prefix="dali-train-")
+            handle.write(text)  # the names' bytes as listed
+            handle.flush()
+            # file_root "": DALI would otherwise resolve the (absolute) names against the list's folder
+            return {"file_list": f"/proc/self/fd/{handle.fileno()}", "file_root": ""}, handle
+        except OSError as e:
+            if handle is not None:
+                handle.close()
+            log.info("DALI file list: %s; passing the names as lists (slower to build)", e)
+    else:
+        log.info("a file name in %s has a line break; DALI gets the names as lists (slower to build)", split.root)
+    return {"files": [split.files[i] for i in order], "labels": [split.labels[i] for i in order]}, None
+
+
+@pipeline_def
+def train_pipeline(source, shard_id, num_shards, placement, settings, t, size):
+    jpegs, labels = fn.readers.file(
+        **source,
+        shard_id=shard_id,
+        num_shards=num_shards,
+        # The epoch's shuffle is already in `files` (order.epoch_order): reproducible from
+        # (seed, epoch), which DALI's own shuffles are not across a resume.
+        random_shuffle=False,
+        pad_last_batch=True,
+        name="Reader",
+    )
+    if t.random_crop:
+        images = fn.decoders.image_random_crop(
+            jpegs,
+            device=placement.decoder,
+            output_type=types.RGB,
+            random_area=list(t.crop_scale),
+            random_aspect_ratio=list(t.crop_ratio),
+            num_attempts=10,
+            **_decoder_kwargs(placement, settings),
+        )
+    else:
+        images = fn.decoders.image(
+            jpegs, device=placement.decoder, output_type=types.RGB, **_decoder_kwargs(placement, settings)
+        )
+    if placement.gpu_post and placement.decoder == "cpu":
+        images = images.gpu()
+    images = fn.resize(images, resize_x=size, resize_y=size, interp_type=types.INTERP_TRIANGULAR)
+    images = _normalize(images, t, mirror=fn.random.coin_flip(probability=0.5))
+    return images, labels.gpu() if placement.gpu_post else labels
+
+
+@pipeline_def
+def val_pipeline(source, shard_id, num_shards, placement, settings, t):
+    jpegs, labels = fn.readers.file(
+        **source,
+        shard_id=shard_id,
+        num_shards=num_shards,
+        random_shuffle=False,
+        pad_last_batch=True,  # padded duplicates are dropped by LastBatchPolicy.PARTIAL
+        stick_to_shard=True,
+        name="Reader",
+    )
+    images = fn.decoders.image(
+        jpegs, device=placement.decoder, output_type=types.RGB, **_decoder_kwargs(placement, settings)
+    )
+    if placement.gpu_post and placement.decoder == "cpu":
+        images = images.gpu()
+    if t.val_resize_whole:
+        images = fn.resize(images, resize_x=t.val_resize, resize_y=t.val_resize, interp_type=types.INTERP_TRIANGULAR)
+    else:
+        images = fn.resize(images, resize_shorter=t.val_resize, interp_type=types.INTERP_TRIANGULAR)
+    images = _normalize(images, t, crop=(t.val_size, t.val_size))
+    return images, labels.gpu() if placement.gpu_post else labels
