@@ -69,14 +69,15 @@ def blur_stem_pool(model: torch.nn.Module) -> torch.nn.Module:
 
 
 class ZeroPaddedBlur(BlurPool2d):
-    """timm's BlurPool2d with zero ("constant") padding done by the convolution itself: timm pads in
-    a separate F.pad, one more kernel and pass over the activation per blur, forward and backward."""
+    """FFCV's blur: timm's 3×3 binomial BlurPool2d at stride 1 with zero padding, done by the
+    convolution itself; timm's forward pads in a separate F.pad, one more kernel and pass over the
+    activation per blur, forward and backward."""
+
+    def __init__(self, channels: int) -> None:
+        super().__init__(channels, filt_size=3, stride=1, pad_mode="constant")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        left, right, top, bottom = self.padding
-        if self.channels is None or self.pad_mode != "constant" or left != right or top != bottom:
-            return super().forward(x)  # what the conv's own padding cannot do
-        return torch.nn.functional.conv2d(x, self.filt, stride=self.stride, padding=(top, left), groups=self.channels)
+        return torch.nn.functional.conv2d(x, self.filt, padding=1, groups=self.channels)
 
 
 def blur_strided_convs(model: torch.nn.Module) -> torch.nn.Module:
@@ -95,7 +96,7 @@ def blur_strided_convs(model: torch.nn.Module) -> torch.nn.Module:
             f"model.blur_strided_convs=true: {type(model).__name__} has no strided Conv2d with 16 or more input channels"
         )
     for parent, name, conv in strided:
-        blur = ZeroPaddedBlur(conv.in_channels, filt_size=3, stride=1, pad_mode="constant")
+        blur = ZeroPaddedBlur(conv.in_channels)
         setattr(parent, name, torch.nn.Sequential(blur, conv))
     return model
 
