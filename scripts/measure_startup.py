@@ -10,8 +10,9 @@ times what train.py does before its first step and at every epoch switch, with t
   first batch        train pipeline build over the whole list + its first batch (epoch 0)
   epoch switch       set_epoch(1): the next epoch's order, file list and pipeline build + first batch
   switch beside      set_epoch(2) on a thread (train.py's NextEpoch) while a Python loop runs in this
-                     thread, as validation would: how long that loop stood still (the GIL held
-                     elsewhere), and as the method's zero, the same beside a thread that only sleeps
+                     thread, as validation would: the loop time it lost against its pace beside a
+                     thread that only sleeps (the GIL held or shared elsewhere, the cores shared), and
+                     how long it stood still in gaps over STALL_S (beside the sleeper: the method's zero)
 and the peak host memory of the process (ru_maxrss) after each.
 
     python scripts/measure_startup.py --root /tmp/farm-1.28M --json startup.json
@@ -53,25 +54,33 @@ def make_farm(root: Path, entries: int, classes: int, jpegs: int, workers: int) 
     link_copies(root, "val", 50)
 
 
-def stalls_beside(start: Callable[[], NextEpoch], threshold: float = 0.02) -> tuple[float, float, float]:
-    """(seconds a Python loop in this thread stood still in gaps > `threshold`, the longest gap, the
-    seconds `start()`'s thread ran): how long validation's Python would stop while the next epoch
-    builds. A C++ call that keeps the GIL stops it for its whole length; threads that take turns at
-    the GIL, or share the cores, make gaps of milliseconds."""
+LOOP = 100  # empty iterations between two clock reads: ~2 µs of work, so a gap of milliseconds stands out
+STALL_S = 0.02  # a gap of the loop longer than this counts as standing still
+
+
+def beside(start: Callable[[], NextEpoch], rate: float | None = None) -> dict[str, float]:
+    """What a Python loop in this thread (as validation's) suffers while `start()`'s thread runs:
+    `stalled_s`, its gaps longer than STALL_S (a C++ call that keeps the GIL stops it for its whole
+    length) and the longest one; `lost_s`, the loop time lost against `rate` (iterations per second
+    of the same loop beside a sleeping thread), which also counts the milliseconds lost when threads
+    take turns at the GIL or share the cores; `rate`, this run's own; `seconds`, how long it ran."""
     started = last = time.perf_counter()
     stalled = longest = 0.0
+    done = 0
     job = start()
     while not job.ready():
-        for _ in range(100):
+        for _ in range(LOOP):
             pass
+        done += LOOP
         now = time.perf_counter()
-        if now - last > threshold:
+        if now - last > STALL_S:
             stalled, longest = stalled + now - last, max(longest, now - last)
         last = now
     seconds = time.perf_counter() - started
     if (error := job.join()) is not None:
         raise error
-    return stalled, longest, seconds
+    lost = seconds - done / rate if rate else 0.0  # signed: a negative value is the method's noise
+    return {"stalled_s": stalled, "longest_s": longest, "lost_s": lost, "rate": done / seconds, "seconds": seconds}
 
 
 class _Sleeper:
@@ -142,16 +151,23 @@ def main() -> None:
     loaders.train.set_epoch(1)
     next(iter(loaders.train))
     phase("epoch_switch", t)
-    result["main_thread_stalled_beside_sleep_s"] = stalls_beside(lambda: _Sleeper(2.0))[0]  # the method's zero
-    stalled, longest, result["switch_beside_s"] = stalls_beside(lambda: NextEpoch(loaders.train, 2, device))
-    result.update(main_thread_stalled_beside_switch_s=stalled, main_thread_longest_stall_s=longest)
+    sleep = beside(lambda: _Sleeper(2.0))  # the method's zero, and the loop's pace to compare with
+    switch = beside(lambda: NextEpoch(loaders.train, 2, device), sleep["rate"])
+    result.update(
+        switch_beside_s=switch["seconds"],
+        main_thread_stalled_beside_switch_s=switch["stalled_s"],
+        main_thread_longest_stall_s=switch["longest_s"],
+        main_thread_lost_beside_switch_s=switch["lost_s"],
+        main_thread_stalled_beside_sleep_s=sleep["stalled_s"],
+    )
     result["switch_beside_peak_rss_gib"] = peak_rss_gib()
     result["startup_s"] = result["listing_s"] + result["preflight_check_s"] + result["first_batch_s"]
     print(
         f"{result['train_entries']} train + {result['val_entries']} val entries: startup (listing + check + first "
         f"batch) {result['startup_s']:.1f} s; epoch switch {result['epoch_switch_s']:.1f} s; on a thread "
-        f"{result['switch_beside_s']:.1f} s, while a Python loop in the main thread stood still {stalled:.2f} s "
-        f"(longest {longest:.2f} s; beside a sleeping thread {result['main_thread_stalled_beside_sleep_s']:.2f} s); "
+        f"{switch['seconds']:.1f} s, while a Python loop in the main thread lost {switch['lost_s']:.2f} s against its "
+        f"pace beside a sleeping thread and stood still {switch['stalled_s']:.2f} s in gaps over {STALL_S * 1000:.0f} ms "
+        f"(longest {switch['longest_s']:.2f} s; beside the sleeping thread {sleep['stalled_s']:.2f} s); "
         f"peak host memory {peak_rss_gib():.2f} GiB"
     )
     if args.json:

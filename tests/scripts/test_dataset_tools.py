@@ -261,4 +261,5 @@ def test_measure_startup_on_a_small_link_farm(tmp_path):
     assert 0 <= result["main_thread_stalled_beside_switch_s"] <= result["switch_beside_s"]
     assert 0 <= result["main_thread_longest_stall_s"] <= result["main_thread_stalled_beside_switch_s"]
     assert result["main_thread_stalled_beside_sleep_s"] < 1  # 2 s beside a sleeping thread
+    assert -0.5 < result["main_thread_lost_beside_switch_s"] <= result["switch_beside_s"]  # seconds, not ms
     assert "200 train + 500 val entries: startup" in proc.stdout
