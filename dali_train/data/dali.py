@@ -9,14 +9,16 @@ which train.py runs on a thread during validation (`data.NextEpoch`).
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable, Iterator
 
+import numpy as np
 import torch
 from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
 
-from dali_train.data.dali_graph import Placement, reader_source, train_pipeline, val_pipeline
+from dali_train.data.dali_graph import Placement, list_lines, reader_source, train_pipeline, val_pipeline
 from dali_train.data.folder import EXCLUDE_HINT, DatasetError, Split
 from dali_train.data.order import EpochOrder, contiguous_shard, epoch_order, steps_per_epoch
 from dali_train.data.transform import Transform
@@ -50,6 +52,10 @@ class DaliLoader:
         self.epoch, self.start_step = 0, 0
         self._iterator: DALIGenericIterator | None = None
         self.build_times: list[tuple[float, float]] = []  # (pipeline build s, first batch s) per build
+
+    @functools.cached_property
+    def _lines(self) -> np.ndarray | None:
+        return list_lines(self.split)
 
     def __len__(self) -> int:
         if self.train:
@@ -97,7 +103,7 @@ class DaliLoader:
 
     def _build(self) -> DALIGenericIterator:
         started = time.perf_counter()
-        source, list_file = reader_source(self.split, self._order().indices if self.train else None)
+        source, list_file = reader_source(self.split, self._order().indices if self.train else None, self._lines)
         try:
             if self.train:
                 seed = self.seed * 1_000_003 + self.epoch * 1009 + self.dist.rank

@@ -15,7 +15,7 @@ from hydra.core.global_hydra import GlobalHydra
 
 from dali_train.config import load_config, register_configs
 from dali_train.data import DatasetError, NextEpoch, build_loaders, progressive_size
-from dali_train.data.dali_graph import reader_source
+from dali_train.data.dali_graph import list_lines, reader_source
 from dali_train.data.order import epoch_order
 from dali_train.distributed import DistInfo
 from tests.conftest import REPO
@@ -273,7 +273,7 @@ def test_dali_reads_files_by_any_name_in_the_epoch_order(copied_root, tmp_path, 
     ld = loaders(copied_root, "loader=dali_cpu", *SMALL, "loader.batch_size=8")
     train = ld.dataset.train
     assert any(f.endswith(odd) for f in train.files)
-    source, list_file = reader_source(train, None)
+    source, list_file = reader_source(train, None, list_lines(train))
     assert given_as in source and (list_file is None) == (given_as == "files")
     assert len(open_lists(tmp_path / "lists")) == (list_file is not None)  # an unnamed file, still seen open
     if list_file is not None:
@@ -292,7 +292,9 @@ def test_a_pipeline_dali_cannot_build_is_one_line_not_a_decode_error(sample_root
     line, with the split, instead of a hunt for undecodable files."""
     import dali_train.data.dali as dali_module
 
-    monkeypatch.setattr(dali_module, "reader_source", lambda split, indices: ({"file_list": "/nonexistent/list"}, None))
+    monkeypatch.setattr(
+        dali_module, "reader_source", lambda split, indices, lines: ({"file_list": "/nonexistent/list"}, None)
+    )
     ld = loaders(sample_root, "loader=dali_cpu", *SMALL)
     with pytest.raises(DatasetError, match=r"DALI could not build the train pipeline over .*train: ") as e:
         ld.train.set_epoch(0)
