@@ -66,10 +66,10 @@ def _normalize(images, t: Transform, *, mirror=None, crop=None):
 
 
 def list_lines(split: Split) -> np.ndarray | None:
-    """The split's list-file lines ("name label\n", each name's bytes as listed), made once per loader,
-    so that an epoch's list is a gather and a join in C: 0.25-0.4 s for 1.28M names, where formatting
-    them every epoch took 0.8 s of Python that holds the GIL beside validation (2-core machine). None when a name has a
-    line break: such a name cannot be a line."""
+    """The split's list-file lines ("name label\n", each name's bytes as listed), made once per
+    loader, so that an epoch's list is a gather and a join in C: 0.25-0.4 s for 1.28M names, where
+    formatting them every epoch took 0.8 s of Python that holds the GIL beside validation (2-core
+    machine). None when a name has a line break: such a name cannot be a line."""
     pairs = zip(split.files, split.labels, strict=True)
     lines = [f"{name} {label}\n".encode("utf-8", "surrogateescape") for name, label in pairs]
     if b"".join(lines).count(b"\n") != len(lines):
