@@ -65,7 +65,7 @@ def test_profile_summary_measures_idle_overlap_and_host_waits():
 def test_variants_hold_and_profile_on_cpu(sample_root, tmp_path, capfd):
     out, prof = tmp_path / "bench", tmp_path / "prof"
     proc = benchmark(
-        ["--modes", "loader", "e2e", "--models", "resnet18", "--loaders", "dali_cpu", "deep",
+        ["--modes", "loader", "e2e", "--models", "test_resnet", "--loaders", "dali_cpu", "deep",
          "--variant", "deep=dali_cpu:loader.prefetch_queue_depth=3,loader.exec_dynamic=false",
          "--hold-batches", 2, "--steps", 2, "--warmup", 1, "--repeats", 1, "--profile", prof, "--out", out,
          *THREADS, "--", *CPU_RUN, f"data.root={sample_root}"],
@@ -80,10 +80,10 @@ def test_variants_hold_and_profile_on_cpu(sample_root, tmp_path, capfd):
     ]
     assert all(r["build_s"] > 0 and r["first_batch_s"] > 0 for r in rows)  # the DALI pipelines were timed
     assert sorted(p.name for p in prof.glob("profile_*.txt")) == [
-        "profile_resnet18_dali_cpu_compileoff.txt",
-        "profile_resnet18_deep_compileoff.txt",
+        "profile_test_resnet_dali_cpu_compileoff.txt",
+        "profile_test_resnet_deep_compileoff.txt",
     ]
-    assert (prof / "trace_resnet18_deep_compileoff.json.gz").is_file()
+    assert (prof / "trace_test_resnet_deep_compileoff.json.gz").is_file()
     assert "no GPU activity" in proc.stdout  # the summary of a CPU run says so
 
 
@@ -91,14 +91,14 @@ def test_variants_hold_and_profile_on_cpu(sample_root, tmp_path, capfd):
 def test_under_torchrun_rank_zero_reports_for_both(sample_root, tmp_path):
     out = tmp_path / "bench"
     proc = benchmark_under_torchrun(
-        ["--modes", "model", "e2e", "--models", "resnet18", "--loaders", "dali_cpu", "--steps", 2, "--warmup", 1,
+        ["--modes", "model", "e2e", "--models", "test_resnet", "--loaders", "dali_cpu", "--steps", 2, "--warmup", 1,
          "--repeats", 1, "--out", out, *THREADS, "--", *CPU_RUN, f"data.root={sample_root}"],
         nproc=2,
     )  # fmt: skip
     result = json.loads((out / "results.json").read_text())
     assert result["env"]["processes"] == 2
     assert [r["mode"] for r in result["rows"]] == ["model", "e2e"]
-    assert proc.stdout.count("e2e resnet18 compile=off dali_cpu:") == 1  # rank 0 alone reports
+    assert proc.stdout.count("e2e test_resnet compile=off dali_cpu:") == 1  # rank 0 alone reports
 
 
 def test_unknown_loader_name_is_refused(capfd):
@@ -126,7 +126,7 @@ def test_windows_stay_inside_one_epoch(sample_root, tmp_path, capfd):
     epoch, the third starts after a drained switch; an epoch shorter than warm-up + window is refused."""
     out = tmp_path / "bench"
     benchmark(
-        ["--modes", "loader", "model", "--models", "resnet18", "--loaders", "dali_cpu", "--steps", 20, "--warmup", 5,
+        ["--modes", "loader", "model", "--models", "test_resnet", "--loaders", "dali_cpu", "--steps", 20, "--warmup", 5,
          "--repeats", 3, "--out", out, "--loader-set", "dali_cpu:loader.num_threads=2",
          "--", *CPU_RUN, f"data.root={sample_root}"],
         capfd,
@@ -151,7 +151,7 @@ def test_tune_measures_the_grid_end_to_end_and_merges_the_best(sample_root, tmp_
     local.write_text("exec_dynamic: false\n")
     out = tmp_path / "bench"
     proc = benchmark(
-        ["--tune", "--models", "resnet18", "--grid", "loader.num_threads=1,2", "loader.prefetch_queue_depth=2",
+        ["--tune", "--models", "test_resnet", "--grid", "loader.num_threads=1,2", "loader.prefetch_queue_depth=2",
          "--steps", 2, "--warmup", 1, "--repeats", 1, "--local", local, "--out", out,
          "--", *CPU_RUN, f"data.root={sample_root}"],
         capfd,
@@ -165,4 +165,4 @@ def test_tune_measures_the_grid_end_to_end_and_merges_the_best(sample_root, tmp_
     written = yaml.safe_load(local.read_text())
     assert written == {"exec_dynamic": False, "num_threads": best["loader.num_threads"], "prefetch_queue_depth": 2}
     assert local.read_text().startswith("# loader=dali: fastest") and "written to" in proc.stdout
-    assert "| tune | resnet18 | off | num_threads=1 prefetch_queue_depth=2 |" in proc.stdout
+    assert "| tune | test_resnet | off | num_threads=1 prefetch_queue_depth=2 |" in proc.stdout
