@@ -225,9 +225,11 @@ def train(cfg: DictConfig, dist: DistInfo, run_dir: Path, writer: MetricsWriter,
         # The next epoch's pipeline builds and prefetches during validation, on a thread. Its error
         # (a DatasetError in its first batches, or any other) is raised once this epoch is saved.
         next_epoch = NextEpoch(loaders.train, epoch + 1, device) if epoch + 1 < end_epoch else None
+        epoch_metrics = None  # None: this epoch is not validated (trainer.val_every_n_epochs)
         validated = False
         try:
-            metrics = validate()
+            if (epoch + 1) % tc.val_every_n_epochs == 0 or epoch + 1 == end_epoch:
+                metrics = epoch_metrics = validate()
             validated = True
         except DatasetError as e:  # training of this epoch is complete: keep it, unvalidated
             save_progress_before(e, epoch + 1, 0)
@@ -236,14 +238,15 @@ def train(cfg: DictConfig, dist: DistInfo, run_dir: Path, writer: MetricsWriter,
             next_epoch_error = next_epoch.join() if next_epoch is not None else None
             if next_epoch_error is not None and not validated:  # validation's own error goes up; say this one
                 log.warning("the next epoch's pipeline failed too: %r", next_epoch_error)
-        best_top1 = max(best_top1, metrics["top1"])
+        if epoch_metrics is not None:
+            best_top1 = max(best_top1, epoch_metrics["top1"])
         summary.update(best_val_top1=best_top1, epochs_completed=epoch + 1)
         epoch_stats.append(stats)
         # The log row first, last.pt last: a kill in between leaves a checkpoint that claims no
         # epoch without its row; the resume redoes the epoch and replaces the rows after it.
         wait_s = next_epoch.waited_s if next_epoch is not None else None
-        writer.log_epoch(epoch, stats, metrics, optimizer.param_groups[0]["lr"], parts.global_step, wait_s)
-        if metrics["top1"] >= best_top1:
+        writer.log_epoch(epoch, stats, epoch_metrics, optimizer.param_groups[0]["lr"], parts.global_step, wait_s)
+        if epoch_metrics is not None and epoch_metrics["top1"] >= best_top1:
             save("best.pt", epoch + 1, 0)
         save("last.pt", epoch + 1, 0)
         if next_epoch_error is not None:

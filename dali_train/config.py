@@ -132,6 +132,7 @@ class TrainerConfig:
     max_steps_per_epoch: int | None = None  # cap train steps per epoch (smoke tests)
     max_val_steps: int | None = None  # cap val batches (smoke tests; val_samples then partial)
     val_flip_tta: bool = False  # validate on the mean logits of each image and its mirror (FFCV's lr_tta)
+    val_every_n_epochs: int = 1  # validate after every N-th epoch; the last epoch of a run or job always validates
     max_nonfinite_skips: int = 0  # updates with a NaN/inf loss to skip before stopping; 0 = stop at the first
     dist_timeout_s: int = 1800  # seconds a rank waits in a collective for the others before it stops
 
@@ -139,7 +140,7 @@ class TrainerConfig:
         must_be_one_of("trainer.amp", self.amp, AMP_CHOICES)
         must_be_one_of("trainer.device", self.device, DEVICE_CHOICES)
         must_be_one_of("trainer.compile_mode", self.compile_mode, COMPILE_MODES)
-        for key in ("epochs", "grad_accum_steps", "log_every_n_steps"):
+        for key in ("epochs", "grad_accum_steps", "log_every_n_steps", "val_every_n_epochs"):
             must_be_at_least(f"trainer.{key}", getattr(self, key), 1)
 
 

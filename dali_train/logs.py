@@ -91,19 +91,27 @@ class MetricsWriter:
                 self._tb.flush()
 
     def log_epoch(
-        self, epoch: int, stats: Any, metrics: dict[str, float], lr: float, global_step: int, next_wait_s: float | None
+        self,
+        epoch: int,
+        stats: Any,
+        metrics: dict[str, float] | None,
+        lr: float,
+        global_step: int,
+        next_wait_s: float | None,
     ) -> None:
         """One epoch's line in metrics.jsonl, its TensorBoard points and its summary log line.
+        `metrics`: the epoch's validation, None when it was not validated (its val fields are null).
         `next_wait_s`: how long (on rank 0) the next epoch's pipeline build outlasted validation;
         None when this job builds no next epoch."""
+        val = metrics or {}
         self.epoch(
             {
                 "epoch": epoch,
                 "train_loss": stats.loss,
-                "val_loss": metrics["loss"],
-                "val_top1": metrics["top1"],
-                "val_top5": metrics["top5"],
-                "val_samples": metrics["samples"],
+                "val_loss": val.get("loss"),
+                "val_top1": val.get("top1"),
+                "val_top5": val.get("top5"),
+                "val_samples": val.get("samples"),
                 "train_img_s": stats.img_per_s,
                 "data_wait_frac": stats.data_wait_frac,
                 "lr": lr,
@@ -111,23 +119,19 @@ class MetricsWriter:
                 "wall_time_s": time.perf_counter() - self.started,  # since this job started
             }
         )
-        self.scalars(
-            {
-                "val/top1": metrics["top1"],
-                "val/top5": metrics["top5"],
-                "val/loss": metrics["loss"],
-                "train/epoch_loss": stats.loss,
-            },
-            global_step,
-        )
+        points = {"train/epoch_loss": stats.loss}
+        if metrics is not None:
+            points.update({"val/top1": metrics["top1"], "val/top5": metrics["top5"], "val/loss": metrics["loss"]})
+        self.scalars(points, global_step)
+        if metrics is None:
+            shown = "not validated (trainer.val_every_n_epochs)"
+        else:
+            shown = "val loss {loss:.4f} top-1 {top1:.2f} top-5 {top5:.2f} ({samples} images)".format(**metrics)
         logging.getLogger("dali_train").info(
-            "epoch %d: train loss %.4f | val loss %.4f top-1 %.2f top-5 %.2f (%d images) | %.0f img/s, data wait %.1f%%",
+            "epoch %d: train loss %.4f | %s | %.0f img/s, data wait %.1f%%",
             epoch,
             stats.loss,
-            metrics["loss"],
-            metrics["top1"],
-            metrics["top5"],
-            metrics["samples"],
+            shown,
             stats.img_per_s,
             100 * stats.data_wait_frac,
         )

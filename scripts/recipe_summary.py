@@ -18,7 +18,9 @@ from pathlib import Path
 
 
 def time_to(rows: list[dict], mark: float) -> float | None:
-    return next((r["wall_time_s"] for r in rows if r["val_top1"] >= mark), None)
+    """Wall time at the end of the first validated epoch that reached `mark` (unvalidated epochs,
+    trainer.val_every_n_epochs > 1, have a null val_top1)."""
+    return next((r["wall_time_s"] for r in rows if r["val_top1"] is not None and r["val_top1"] >= mark), None)
 
 
 def span(values: list[float | None]) -> str:

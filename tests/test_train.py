@@ -116,6 +116,7 @@ def bad_roots(sample_root, tmp_path) -> dict[str, Path]:
         ),
         (["model.name=resnet_nonexistent", "data.root={sample}"], "not a timm model"),
         (["trainer.amp=fp8", "data.root={sample}"], "trainer.amp=fp8: unknown; choose one of"),
+        (["trainer.val_every_n_epochs=0", "data.root={sample}"], "trainer.val_every_n_epochs=0"),
     ],
 )
 def test_user_errors_are_one_line_with_exit_code_2(bad_roots, tmp_path, args, message):
@@ -169,6 +170,21 @@ def test_ema_mixup_cutmix_label_smoothing_grad_accum(sample_root, tmp_path):
     assert any(
         not torch.equal(state["model_ema"][k], state["model"][k]) for k in state["model"] if k.endswith("weight")
     )
+
+
+def test_val_every_n_epochs_validates_every_nth_epoch_and_the_last(small_root, tmp_path):
+    run = run_inprocess(
+        [*TINY, f"data.root={small_root}", "trainer.epochs=3", "trainer.val_every_n_epochs=2"], tmp_path / "run"
+    )
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in rows] == [0, 1, 2]
+    assert rows[0]["val_top1"] is None and rows[0]["val_samples"] is None  # epoch 0: not validated
+    assert rows[1]["val_samples"] == rows[2]["val_samples"] == 50  # epoch 1: the 2nd; epoch 2: the last
+    assert "epoch 0: train loss" in run.log and "not validated (trainer.val_every_n_epochs)" in run.log
+    best = max(rows[1:], key=lambda r: r["val_top1"])
+    assert run.summary["best_val_top1"] == best["val_top1"] and run.summary["val_top1"] == rows[2]["val_top1"]
+    state = torch.load(tmp_path / "run" / "checkpoints" / "best.pt", map_location="cpu", weights_only=True)
+    assert state["next_epoch"] == best["epoch"] + 1  # best.pt is only ever a validated epoch
 
 
 def test_eval_only_and_a_checkpoint_of_another_model(sample_root, one_epoch, tmp_path):
