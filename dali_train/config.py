@@ -132,7 +132,7 @@ class TrainerConfig:
     max_steps_per_epoch: int | None = None  # cap train steps per epoch (smoke tests)
     max_val_steps: int | None = None  # cap val batches (smoke tests; val_samples then partial)
     val_flip_tta: bool = False  # validate on the mean logits of each image and its mirror (FFCV's lr_tta)
-    val_every_n_epochs: int = 1  # validate after every N-th epoch; the last epoch of a run or job always validates
+    val_every_n_epochs: int = 1  # validate every N-th epoch and the last of a run or of an epochs_per_job job
     max_nonfinite_skips: int = 0  # updates with a NaN/inf loss to skip before stopping; 0 = stop at the first
     dist_timeout_s: int = 1800  # seconds a rank waits in a collective for the others before it stops
 

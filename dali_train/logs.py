@@ -101,8 +101,8 @@ class MetricsWriter:
     ) -> None:
         """One epoch's line in metrics.jsonl, its TensorBoard points and its summary log line.
         `metrics`: the epoch's validation, None when it was not validated (its val fields are null).
-        `next_wait_s`: how long (on rank 0) the next epoch's pipeline build outlasted validation;
-        None when this job builds no next epoch."""
+        `next_wait_s`: how long (on rank 0) the next epoch's pipeline build outlasted validation (on
+        an unvalidated epoch: the whole build); None when this job builds no next epoch."""
         val = metrics or {}
         self.epoch(
             {

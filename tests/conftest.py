@@ -46,8 +46,8 @@ LAUNCHER_VARS = {
 
 # Small and fast on 2 CPU cores: 32 px crops of the 80 px sample images, and timm's test_resnet (a
 # ResNet with BatchNorm, 0.4 M parameters: the code paths of resnet18 at a seventh of its epoch time
-# and a sixteenth of its checkpoint bytes). The default model, resnet18, trains in the demo test, the
-# recipes and the benchmark tests.
+# and a sixteenth of its checkpoint bytes). The default model, resnet18, trains in the demo test and the
+# recipes.
 TINY = [
     "trainer.device=cpu",
     "model.name=test_resnet",

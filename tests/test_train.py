@@ -172,18 +172,22 @@ def test_ema_mixup_cutmix_label_smoothing_grad_accum(sample_root, tmp_path):
     )
 
 
-def test_val_every_n_epochs_validates_every_nth_epoch_and_the_last(small_root, tmp_path):
-    run = run_inprocess(
-        [*TINY, f"data.root={small_root}", "trainer.epochs=3", "trainer.val_every_n_epochs=2"], tmp_path / "run"
-    )
-    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert [r["epoch"] for r in rows] == [0, 1, 2]
-    assert rows[0]["val_top1"] is None and rows[0]["val_samples"] is None  # epoch 0: not validated
-    assert rows[1]["val_samples"] == rows[2]["val_samples"] == 50  # epoch 1: the 2nd; epoch 2: the last
-    assert "epoch 0: train loss" in run.log and "not validated (trainer.val_every_n_epochs)" in run.log
-    best = max(rows[1:], key=lambda r: r["val_top1"])
-    assert run.summary["best_val_top1"] == best["val_top1"] and run.summary["val_top1"] == rows[2]["val_top1"]
-    state = torch.load(tmp_path / "run" / "checkpoints" / "best.pt", map_location="cpu", weights_only=True)
+def test_val_every_n_epochs_counts_from_epoch_0_and_validates_each_jobs_last(small_root, tmp_path):
+    """5 epochs, every 2nd validated, in jobs of 3: epochs 1 and 3 by the count (absolute, not per
+    job), 2 as the first job's last, 4 as the run's last; epoch 0 is not validated."""
+    run_dir = tmp_path / "run"
+    common = [*TINY, f"data.root={small_root}", "trainer.epochs=5", "trainer.val_every_n_epochs=2"]
+    first = run_inprocess([*common, "trainer.epochs_per_job=3"], run_dir)
+    second = run_inprocess([*common, "trainer.resume=auto"], run_dir)
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in rows] == [0, 1, 2, 3, 4] and first.summary["epochs_completed"] == 3
+    assert rows[0]["val_top1"] is None and rows[0]["val_samples"] is None
+    assert [r["val_samples"] for r in rows[1:]] == [50, 50, 50, 50]
+    assert "not validated (trainer.val_every_n_epochs)" in first.log
+    assert "not validated" not in second.log
+    best = max(reversed(rows[1:]), key=lambda r: r["val_top1"])  # best.pt is kept on >=: the later of a tie
+    assert second.summary["best_val_top1"] == best["val_top1"] and second.summary["val_top1"] == rows[4]["val_top1"]
+    state = torch.load(run_dir / "checkpoints" / "best.pt", map_location="cpu", weights_only=True)
     assert state["next_epoch"] == best["epoch"] + 1  # best.pt is only ever a validated epoch
 
 
