@@ -4,6 +4,8 @@
 and writes `sweep_summary.md` and `sweep_summary.csv` beside them. It runs by itself at the end
 of every Hydra multirun (`SweepSummaryCallback`, registered in conf/config.yaml) and from
 `scripts/sweep_summary.py DIR` for a sweep run by other means (torchrun per point, SLURM).
+A sweep over `seed=` gets a second table: each setting's final val top-1 per seed and their mean,
+best mean first (choose by the mean, not by one lucky seed).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import csv
 import json
 import logging
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -36,10 +39,37 @@ def collect(multirun_dir: Path) -> list[dict[str, Any]]:
             "job": name,
             "overrides": " ".join(o for o in overrides if o not in common),
             **{k: s.get(k) for k in COLUMNS[2:]},
+            # for by_setting: the swept overrides other than the seed, and the seed
+            "_setting": " ".join(o for o in overrides if o not in common and not o.startswith("seed=")),
+            "_seed": next((o.removeprefix("seed=") for o in overrides if o.startswith("seed=")), None),
         }
         for name, overrides, s in jobs
     ]
     return sorted(rows, key=lambda r: -(r["best_val_top1"] if r["best_val_top1"] is not None else float("-inf")))
+
+
+def by_setting(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Jobs grouped by their swept overrides other than `seed=`: the final val top-1 of each seed,
+    mean and std, best mean first. Empty unless the sweep varied the seed."""
+    if len({r["_seed"] for r in rows}) < 2:
+        return []
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault(r["_setting"], []).append(r)
+    settings = []
+    for setting, jobs in groups.items():
+        jobs = sorted(jobs, key=lambda r: r["_seed"] or "")
+        top1 = [r["val_top1"] for r in jobs if r["val_top1"] is not None]
+        settings.append(
+            {
+                "setting": setting or "defaults",
+                "seeds": [r["_seed"] for r in jobs],
+                "val_top1": [r["val_top1"] for r in jobs],
+                "mean": statistics.mean(top1) if top1 else None,
+                "std": statistics.stdev(top1) if len(top1) > 1 else None,
+            }
+        )
+    return sorted(settings, key=lambda g: -(g["mean"] if g["mean"] is not None else float("-inf")))
 
 
 def write_sweep_summary(multirun_dir: str | Path) -> list[dict[str, Any]]:
@@ -47,7 +77,7 @@ def write_sweep_summary(multirun_dir: str | Path) -> list[dict[str, Any]]:
     root = Path(multirun_dir)
     rows = collect(root)
     with open(root / "sweep_summary.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=COLUMNS)
+        writer = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
         writer.writeheader()
         writer.writerows(rows)
 
@@ -63,6 +93,20 @@ def write_sweep_summary(multirun_dir: str | Path) -> list[dict[str, Any]]:
         "|" + "---|" * len(COLUMNS),
     ]
     lines += ["| " + " | ".join(fmt(r[c]) for c in COLUMNS) + " |" for r in rows]
+    settings = by_setting(rows)
+    if settings:
+        lines += [
+            "",
+            "## By setting, over seeds (final val top-1), best mean first",
+            "",
+            "| setting | seeds | val_top1 per seed | mean | std |",
+            "|---|---|---|---|---|",
+        ]
+        lines += [
+            f"| {g['setting']} | {' '.join(map(str, g['seeds']))} | {' / '.join(fmt(v) for v in g['val_top1'])} "
+            f"| {fmt(g['mean'])} | {fmt(g['std'])} |"
+            for g in settings
+        ]
     (root / "sweep_summary.md").write_text("\n".join(lines) + "\n")
     return rows
 
@@ -72,7 +116,15 @@ class SweepSummaryCallback(Callback):
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         rows = write_sweep_summary(config.hydra.sweep.dir)
-        if rows:
+        settings = by_setting(rows)
+        if settings and settings[0]["mean"] is not None:
+            log.info(
+                "sweep summary: %s/sweep_summary.md (best mean over seeds: %s -> %.2f)",
+                config.hydra.sweep.dir,
+                settings[0]["setting"],
+                settings[0]["mean"],
+            )
+        elif rows:
             log.info(
                 "sweep summary: %s/sweep_summary.md (best: %s -> %.2f)",
                 config.hydra.sweep.dir,

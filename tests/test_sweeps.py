@@ -32,19 +32,32 @@ def test_multirun_two_points_each_with_outputs_and_a_summary_table(small_root, t
         f"data.root={small_root}",
         "trainer.epochs=1",
         "optimizer.lr=0.05,0.2",
+        "seed=0,1",
         f"hydra.sweep.dir={sweep}",
         capfd=capfd,
     )
     jobs = job_dirs(sweep)
-    assert [j.name for j in jobs] == ["0", "1"]
+    assert [j.name for j in jobs] == ["0", "1", "2", "3"]
     for j in jobs:
         assert read_json(j / "summary.json")["val_samples"] == 50
         assert list((j / "tensorboard").glob("events.out.tfevents.*"))
     rows = list(csv.DictReader(open(sweep / "sweep_summary.csv")))
-    assert {r["overrides"] for r in rows} == {"optimizer.lr=0.05", "optimizer.lr=0.2"}
+    assert sorted(r["overrides"] for r in rows) == [
+        f"optimizer.lr={lr} seed={seed}" for lr in ("0.05", "0.2") for seed in (0, 1)
+    ]
     tops = [float(r["best_val_top1"]) for r in rows]
     assert tops == sorted(tops, reverse=True)  # best first
-    assert "| job | overrides | best_val_top1" in (sweep / "sweep_summary.md").read_text()
+    md = (sweep / "sweep_summary.md").read_text()
+    assert "| job | overrides | best_val_top1" in md
+    # the seeds table: one row per learning rate, its two seeds' final top-1 and their mean, best mean first
+    final = {r["overrides"]: float(r["val_top1"]) for r in rows}
+    means = {lr: (final[f"optimizer.lr={lr} seed=0"] + final[f"optimizer.lr={lr} seed=1"]) / 2 for lr in ("0.05", "0.2")}
+    table = md.split("## By setting, over seeds")[1].splitlines()
+    settings = [line.split(" | ") for line in table if line.startswith("| optimizer.lr=")]
+    assert {s[0].removeprefix("| optimizer.lr="): s[3] for s in settings} == {k: f"{v:.2f}" for k, v in means.items()}
+    assert all(s[1] == "0 1" for s in settings)
+    listed = [float(s[3]) for s in settings]
+    assert listed == sorted(listed, reverse=True)
 
 
 def test_optuna_sweep_three_trials(small_root, tmp_path, capfd):
