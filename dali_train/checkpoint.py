@@ -121,6 +121,11 @@ def _mb(n: int) -> str:
     return f"{n / 2**20:.1f} MiB"
 
 
+# Step counters some optimizers keep in their param groups (timm's Lookahead: when to sync the slow
+# weights; timm's Lamb and Adan: bias correction): restored from the checkpoint, never reset.
+GROUP_COUNTERS = ("lookahead_step", "step")
+
+
 class Checkpointer:
     """Owns `run_dir/checkpoints/`: stale temp files, the free-space check, save and restore."""
 
@@ -297,7 +302,7 @@ class Checkpointer:
     @staticmethod
     def _load_optimizer(optimizer: torch.optim.Optimizer, state: dict[str, Any], path: str) -> None:
         """The saved moments and step counts; hyperparameters (LR, decay, momentum) stay the current config's."""
-        current = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
+        current = [{k: v for k, v in g.items() if k != "params" and k not in GROUP_COUNTERS} for g in optimizer.param_groups]
         try:
             optimizer.load_state_dict(state)
         except (ValueError, KeyError) as e:

@@ -74,8 +74,9 @@ def test_resume_continues_at_the_next_epoch(small_root, tmp_path):
 
 
 @pytest.mark.slow
-def test_resume_equals_an_uninterrupted_run(small_root, tmp_path):
-    common = [*TINY, f"data.root={small_root}", "trainer.deterministic=true", "loader.batch_size=8"]
+@pytest.mark.parametrize("optimizer", ["optimizer=sgd", "optimizer=ranger"])  # ranger: Lookahead's sync counter
+def test_resume_equals_an_uninterrupted_run(small_root, tmp_path, optimizer):
+    common = [*TINY, f"data.root={small_root}", "trainer.deterministic=true", "loader.batch_size=8", optimizer]
     straight, half, rest = tmp_path / "straight", tmp_path / "half", tmp_path / "rest"
     run_inprocess([*common, "trainer.epochs=2"], straight)
     run_inprocess([*common, "trainer.epochs=2", "trainer.epochs_per_job=1"], half)
