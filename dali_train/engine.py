@@ -117,8 +117,12 @@ def train_step(p: TrainParts, images: torch.Tensor, labels: torch.Tensor, *, upd
     return loss
 
 
-def forward_backward(p: TrainParts, images: torch.Tensor, labels: torch.Tensor, *, update: bool) -> torch.Tensor:
-    """Forward and backward of one micro-batch (gradients all-reduced when `update`); no sync."""
+def forward_backward(
+    p: TrainParts, images: torch.Tensor, labels: torch.Tensor, *, update: bool, window: int | None = None
+) -> torch.Tensor:
+    """Forward and backward of one micro-batch (gradients all-reduced when `update`); no sync.
+    `window`: micro-batches in this accumulation window (default grad_accum_steps; fewer in an
+    epoch's last, partial one), so that each update is the mean gradient of its own micro-batches."""
     targets = labels
     if p.mixup is not None:
         images, targets = p.mixup(images, labels)
@@ -128,7 +132,8 @@ def forward_backward(p: TrainParts, images: torch.Tensor, labels: torch.Tensor, 
     with sync:
         with _autocast(p):
             loss = p.loss_fn(p.model(images), targets)
-        scaled = loss / p.grad_accum_steps if p.grad_accum_steps > 1 else loss  # no divide-by-1 kernel pair
+        window = p.grad_accum_steps if window is None else window
+        scaled = loss / window if window > 1 else loss  # no divide-by-1 kernel pair
         (p.scaler.scale(scaled) if p.scaler is not None else scaled).backward()
     return loss
 
@@ -160,7 +165,8 @@ def train_one_epoch(
         now = time.perf_counter()
         data_time, window_data = data_time + now - tick, window_data + now - tick
         update = step % p.grad_accum_steps == 0 or step == total
-        loss = forward_backward(p, images, labels, update=update)
+        window = min(p.grad_accum_steps, total - (step - 1) // p.grad_accum_steps * p.grad_accum_steps)
+        loss = forward_backward(p, images, labels, update=update, window=window)
         losses.add(loss, step=start_step + step, update=p.global_step + 1, lr=p.optimizer.param_groups[0]["lr"])
         if update and skipping:  # a host sync per update, the price of skipping instead of stopping
             diverged = losses.check(p.dist, epoch=epoch)

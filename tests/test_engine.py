@@ -78,6 +78,31 @@ def test_save_every_n_steps_saves_at_every_nth_update_with_the_micro_step_to_res
     assert parts.global_step == (9 if accum == 1 else 5)
 
 
+def test_each_update_is_the_mean_gradient_of_its_own_window_the_epochs_last_partial_one_too(tmp_path):
+    """grad_accum_steps=2 over 3 batches: updates after batches 2 and 3; the second, a window of one
+    batch, steps on that batch's own gradient (not half of it), as timm's train.py does."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 3)
+    parts = parts_for(model, grad_accum_steps=2)
+    data = batches(3)
+    windows = [data[:2], data[2:]]
+    pairs = []
+
+    def compare(optimizer, args, kwargs) -> None:  # before each update: the gradient it will apply
+        reference = copy.deepcopy(model)
+        reference.zero_grad()
+        window = windows[len(pairs)]
+        torch.stack([torch.nn.functional.cross_entropy(reference(x), y) for x, y in window]).mean().backward()
+        pairs.append([(p.grad.clone(), r.grad) for p, r in zip(model.parameters(), reference.parameters(), strict=True)])
+
+    parts.optimizer.register_step_pre_hook(compare)
+    train_one_epoch(parts, data, LoopControl(MetricsWriter(tmp_path, False), log_every=100), epoch=0)
+    assert len(pairs) == 2 and parts.global_step == 2
+    for update in pairs:
+        for grad, expected in update:
+            torch.testing.assert_close(grad, expected, rtol=1e-5, atol=1e-6)
+
+
 def test_evaluate_with_flip_tta_scores_the_mean_logits_of_each_image_and_its_mirror():
     """FFCV's lr_tta: a model that is not mirror-symmetric scores differently with it, and exactly
     as the mean of its two passes."""
