@@ -34,6 +34,7 @@ from dali_train.device import amp_dtype_for, configure_backends, select_device, 
 from dali_train.distributed import (
     DistInfo,
     StopFlag,
+    average_float_buffers,
     barrier,
     init_distributed,
     set_collective_timeout,
@@ -189,6 +190,8 @@ def train(cfg: DictConfig, dist: DistInfo, run_dir: Path, writer: MetricsWriter,
         return stopped_by_signal(signum, f"signal {signum} {where}; saved {last_pt}")
 
     def validate() -> dict:
+        if ema is not None:  # the ranks' EMA BatchNorm stats differ: validate (and save) their mean
+            average_float_buffers(ema.module, dist)
         return evaluate(
             eval_model,
             loaders.val,
