@@ -144,7 +144,8 @@ def train_one_epoch(
     """One epoch from `start_step`. Raises Diverged on a NaN/inf loss (found at the next log
     interval or save, whichever comes first; with `max_nonfinite_skips`, at each update)."""
     p.model.train()
-    total = len(loader) if ctl.max_steps is None else min(len(loader), ctl.max_steps)
+    # len(loader) is what is left of the epoch after `start_step`; max_steps caps the whole epoch
+    total = len(loader) if ctl.max_steps is None else max(min(len(loader), ctl.max_steps - start_step), 1)
     progress = Progress(total, f"epoch {epoch}", p.dist.is_main)
     losses = LossWatch(p.device)
     skipping = ctl.max_nonfinite_skips > 0

@@ -1,5 +1,6 @@
-"""The training loop in-process on a tiny model: the fp16 GradScaler with clipping, and mid-epoch
-checkpoint positions (trainer.save_every_n_steps)."""
+"""The training loop in-process on a tiny model: the fp16 GradScaler with clipping, gradient
+accumulation windows, max_steps with a resume, mid-epoch checkpoint positions
+(trainer.save_every_n_steps) and flip TTA."""
 
 from __future__ import annotations
 
@@ -76,6 +77,16 @@ def test_save_every_n_steps_saves_at_every_nth_update_with_the_micro_step_to_res
     else:  # updates after micro-steps 2, 4, 6, 8 and 9 (the epoch's last, partial group)
         assert saved == [(3, 8, 2), (3, 12, 4)]
     assert parts.global_step == (9 if accum == 1 else 5)
+
+
+def test_max_steps_caps_the_whole_epoch_when_it_resumes_mid_epoch(tmp_path):
+    """trainer.max_steps_per_epoch=5 and a resume at micro-step 2: 3 more steps, not 5 (a loader's
+    length is what is left of its epoch, as the real loaders report after set_epoch(e, start_step))."""
+    parts = parts_for(torch.nn.Linear(8, 3))
+    left = batches(9)[2:]
+    ctl = LoopControl(MetricsWriter(tmp_path, False), log_every=100, max_steps=5)
+    stats = train_one_epoch(parts, left, ctl, epoch=0, start_step=2)
+    assert stats.steps == 3 and parts.global_step == 3
 
 
 def test_each_update_is_the_mean_gradient_of_its_own_window_the_epochs_last_partial_one_too(tmp_path):
