@@ -144,6 +144,7 @@ def train(cfg: DictConfig, dist: DistInfo, run_dir: Path, writer: MetricsWriter,
         world_size=dist.world_size,
         grad_accum_steps=tc.grad_accum_steps,
         updates_per_epoch=upe,
+        train_files=len(loaders.dataset.train.files) if loaders.dataset is not None else 0,
         config=OmegaConf.to_container(cfg, resolve=True),
     )
     checkpointer = Checkpointer(run_dir, dist, meta)

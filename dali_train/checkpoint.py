@@ -52,6 +52,7 @@ class CheckpointMeta:
     world_size: int
     grad_accum_steps: int
     updates_per_epoch: int  # optimizer steps per epoch: the schedule's unit
+    train_files: int = 0  # files in the train split (each epoch's order permutes them); 0 = unknown
     config: dict[str, Any] = field(default_factory=dict)  # the plain run config, for the record
 
 
@@ -277,6 +278,19 @@ class Checkpointer:
                 f"optimizer.name={meta.optimizer_name}: trainer.resume={path} was trained with "
                 f"optimizer.name={state['optimizer_name']}, whose state does not carry over; resume with "
                 f"optimizer={state['optimizer_name']}, or start from its weights with model.pretrained={path}"
+            )
+        if state["next_step"] > 0 and state.get("train_files") and meta.train_files != state["train_files"]:
+            # the documented way past a bad file is to exclude it and resume; not an error, but said
+            log.warning(
+                "the train split has %d files, trainer.resume=%s was saved in mid-epoch (epoch %d step %d) "
+                "over %d: the rest of epoch %d follows a new order, so some of its images are read twice "
+                "and others not at all (that epoch only)",
+                meta.train_files,
+                path,
+                state["next_epoch"],
+                state["next_step"],
+                state["train_files"],
+                state["next_epoch"],
             )
         if state["next_step"] > 0:
             for key, then, now in (

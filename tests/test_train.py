@@ -241,6 +241,7 @@ def test_an_undecodable_file_mid_epoch_saves_progress_and_names_the_file(small_r
     exclude.write_text("train/n00000004/broken.JPEG\n")
     resumed = run_inprocess([*args, f"data.exclude_list={exclude}", "trainer.resume=auto"], run)
     assert f"at epoch 0 step {state['next_step']}" in resumed.log
+    assert "the rest of epoch 0 follows a new order" in resumed.log  # one file fewer: said, not silent
     assert read_json(run / "summary.json")["val_samples"] == 50
 
 
