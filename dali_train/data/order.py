@@ -6,8 +6,8 @@ contiguous shards of equal length. So:
 - every file is read at least once per epoch; fewer than one global batch (`world_size ×
   batch_size`) of files are read twice (`padding` below), none are dropped;
 - every rank runs the same number of steps, so DDP never waits on a rank that has run out;
-- shards change every epoch (a fresh permutation), yet an epoch replays exactly on resume, since
-  the order depends only on (seed, epoch);
+- shards change every epoch (a fresh permutation), yet an epoch's order replays exactly on resume,
+  since it depends only on (seed, epoch) and the number of files;
 - a resume in the middle of an epoch skips the batches already trained (`start_step`).
 DALI's reader then shards this list with `shard_id=rank, num_shards=world_size`: its contiguous
 split of a list of `world_size` equal blocks gives each rank exactly its block.
