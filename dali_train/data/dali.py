@@ -4,9 +4,8 @@ The train pipeline is rebuilt every epoch (`set_epoch`): its file list is that e
 (`order.epoch_order`), its seed derives from (seed, epoch, rank), and its crop side may follow the
 progressive-resize schedule. That makes a resumed epoch replay exactly (resumed in its middle: the
 same files in the same order, but other random crops and flips, as the pipeline's seed restarts
-there), at the cost of one
-pipeline build per epoch (0.6-2.5 s on an H200 over 160k files, 4.6 s over ImageNet's 1.28M),
-which train.py runs on a thread during validation (`data.NextEpoch`).
+there), at the cost of one pipeline build per epoch (0.6-2.5 s on an H200 over 160k files, 4.6 s
+over ImageNet's 1.28M), which train.py runs on a thread during validation (`data.NextEpoch`).
 """
 
 from __future__ import annotations
