@@ -166,6 +166,8 @@ def train(cfg: DictConfig, dist: DistInfo, run_dir: Path, writer: MetricsWriter,
 
     def save(name: str, epoch: int, step: int) -> None:
         nonlocal saved_at
+        if ema is not None:  # as before validation: rank 0 saves the ranks' mean EMA BatchNorm stats
+            average_float_buffers(ema.module, dist)
         if nonfinite_tensors([parts.model, ema], dist):  # never NaN weights over a good checkpoint
             raise Diverged(
                 f"the weights became NaN/inf by update {parts.global_step} (epoch {epoch} step {step}); "

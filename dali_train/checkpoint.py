@@ -304,6 +304,13 @@ class Checkpointer:
                         f"step {state['next_step']}) with {key}={then}, so its place in the epoch is ambiguous; "
                         f"resume with {key}={then} (change it at an epoch boundary), or from an end-of-epoch checkpoint"
                     )
+            if state["next_step"] // meta.grad_accum_steps >= meta.updates_per_epoch:  # nothing left of it
+                raise CheckpointError(
+                    f"trainer.resume={path} was saved in mid-epoch (epoch {state['next_epoch']} step "
+                    f"{state['next_step']}), past the end of this run's epochs of at most "
+                    f"{meta.updates_per_epoch * meta.grad_accum_steps} steps (a lower trainer.max_steps_per_epoch, "
+                    f"or fewer train files?); resume with the settings it was saved with, or from an end-of-epoch checkpoint"
+                )
         own = unwrap_model(parts.model).state_dict()
         theirs = state["model"]
         mismatched = [k for k in own if k not in theirs or theirs[k].shape != own[k].shape]

@@ -145,6 +145,10 @@ def test_sigterm_finishes_the_step_saves_last_pt_and_exits(small_root, tmp_path)
         args(small_root, "loader.batch_size=16", f"trainer.resume={last}"), tmp_path / "a", check=False
     )
     assert_one_line_ending(ended, "loader.batch_size=16", "loader.batch_size=8", "mid-epoch")
+    # a cap below the saved position: nothing of that epoch is left to train (not one step past the cap)
+    capped = args(small_root, "trainer.max_steps_per_epoch=2", f"trainer.resume={last}")
+    ended = run_inprocess(capped, tmp_path / "b", check=False)
+    assert_one_line_ending(ended, f"step {state['next_step']}", "at most 2 steps", "trainer.max_steps_per_epoch")
 
     resumed = run_inprocess([*common, "trainer.epochs=1", "trainer.resume=auto"], run)
     assert f"at epoch 0 step {state['next_step']}" in resumed.log
