@@ -26,6 +26,7 @@ from pathlib import Path
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
+from timm.utils import distribute_bn
 
 from dali_train.checkpoint import Checkpointer, CheckpointMeta
 from dali_train.config import composition_error_line, load_config, register_configs
@@ -34,7 +35,6 @@ from dali_train.device import amp_dtype_for, configure_backends, select_device, 
 from dali_train.distributed import (
     DistInfo,
     StopFlag,
-    average_float_buffers,
     barrier,
     init_distributed,
     set_collective_timeout,
@@ -164,10 +164,15 @@ def train(cfg: DictConfig, dist: DistInfo, run_dir: Path, writer: MetricsWriter,
     last_pt = checkpointer.path("last.pt")
     saved_at = parts.global_step  # the update that last.pt (or the resumed file) holds
 
+    def average_ema_bn_stats() -> None:
+        """Each rank's EMA averages its own BatchNorm statistics: replace them by their mean over
+        the ranks (timm's distribute_bn), so that all validate, and rank 0 saves, one model."""
+        if ema is not None and dist.enabled:
+            distribute_bn(ema.module, dist.world_size, reduce=True)
+
     def save(name: str, epoch: int, step: int) -> None:
         nonlocal saved_at
-        if ema is not None:  # as before validation: rank 0 saves the ranks' mean EMA BatchNorm stats
-            average_float_buffers(ema.module, dist)
+        average_ema_bn_stats()  # rank 0 saves the EMA the ranks validate
         if nonfinite_tensors([parts.model, ema], dist):  # never NaN weights over a good checkpoint
             raise Diverged(
                 f"the weights became NaN/inf by update {parts.global_step} (epoch {epoch} step {step}); "
@@ -193,8 +198,7 @@ def train(cfg: DictConfig, dist: DistInfo, run_dir: Path, writer: MetricsWriter,
         return stopped_by_signal(signum, f"signal {signum} {where}; saved {last_pt}")
 
     def validate() -> dict:
-        if ema is not None:  # the ranks' EMA BatchNorm stats differ: validate (and save) their mean
-            average_float_buffers(ema.module, dist)
+        average_ema_bn_stats()
         return evaluate(
             eval_model,
             loaders.val,

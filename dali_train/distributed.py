@@ -150,18 +150,6 @@ def all_reduce_max(value: float, info: DistInfo) -> float:
     return tensor.item()
 
 
-def average_float_buffers(module: torch.nn.Module, info: DistInfo) -> None:
-    """Each floating buffer of `module` (BatchNorm running stats) replaced by its mean over the
-    ranks, in place, as timm's distribute_bn(reduce=True). Why: an EMA averages each rank's own BN
-    statistics, so without this every rank would validate, and rank 0 save, a different model."""
-    if not info.enabled:
-        return
-    for buf in module.buffers():
-        if buf.is_floating_point():
-            torch_dist.all_reduce(buf, op=torch_dist.ReduceOp.SUM)
-            buf.div_(info.world_size)
-
-
 def barrier(info: DistInfo) -> None:
     if info.enabled:
         torch_dist.barrier()
