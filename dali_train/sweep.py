@@ -58,7 +58,7 @@ def by_setting(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         groups.setdefault(r["_setting"], []).append(r)
     settings = []
     for setting, jobs in groups.items():
-        jobs = sorted(jobs, key=lambda r: r["_seed"] or "")
+        jobs = sorted(jobs, key=lambda r: (len(r["_seed"] or ""), r["_seed"] or ""))  # 2 before 10
         top1 = [r["val_top1"] for r in jobs if r["val_top1"] is not None]
         settings.append(
             {
