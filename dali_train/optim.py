@@ -118,8 +118,11 @@ def _linear(sched: AnnealSchedulerConfig, optimizer, *, warmup: int, total: int,
 
 
 def _step(sched: StepSchedulerConfig, optimizer, *, warmup: int, total: int, steps_per_epoch: int) -> Scheduler:
+    """Drops at fixed epochs counted from the run's start, warmup included (Goyal et al.: 30, 60, 80
+    with a 5-epoch warmup), not shifted by the warmup as a prefix would."""
     decay_t = max(round(sched.decay_epochs * steps_per_epoch), 1)
-    return StepLRScheduler(optimizer, decay_t=decay_t, decay_rate=sched.decay_rate, **_warmup(sched, warmup))
+    kwargs = {**_warmup(sched, warmup), "warmup_prefix": False}
+    return StepLRScheduler(optimizer, decay_t=decay_t, decay_rate=sched.decay_rate, **kwargs)
 
 
 SCHEDULERS = {"cosine": _cosine, "flat_cos": _flat_cos, "linear": _linear, "step": _step}  # scheduler.name -> builder

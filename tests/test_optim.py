@@ -83,7 +83,24 @@ def test_schedule_at_start_end_of_warmup_and_last_step(name):
     assert lr_at(5) == pytest.approx(0.01 + (1.0 - 0.01) * 0.5)  # linear warmup
     assert lr_at(10) == pytest.approx(1.0)  # peak right after warmup
     last = lr_at(40)
-    assert last == pytest.approx({"cosine": 0.0, "flat_cos": 0.0, "linear": 0.0, "step": 0.1}[name], abs=1e-6)
+    # step: drops at updates 20 and 40 (epochs 2 and 4, counted from the start, warmup included)
+    assert last == pytest.approx({"cosine": 0.0, "flat_cos": 0.0, "linear": 0.0, "step": 0.01}[name], abs=1e-6)
+
+
+def test_step_drops_at_fixed_epochs_with_a_warmup():
+    """scheduler=step with 5 warmup epochs drops at epochs 30 and 60 (Goyal et al.), not 35 and 65."""
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    sched = build_scheduler(
+        sched_cfg(name="step", warmup_epochs=5, decay_epochs=30, decay_rate=0.1), opt, steps_per_epoch=10, epochs=90
+    )
+
+    def lr_at(update: int) -> float:
+        sched.step_update(num_updates=update)
+        return opt.param_groups[0]["lr"]
+
+    assert lr_at(10) < lr_at(50) == lr_at(299) == 1.0  # warming up, then the peak
+    assert lr_at(300) == pytest.approx(0.1) and lr_at(599) == pytest.approx(0.1)
+    assert lr_at(600) == pytest.approx(0.01)
 
 
 def test_flat_cos_holds_the_peak_then_anneals_over_the_last_steps():
