@@ -96,11 +96,9 @@ def sniff(path: str) -> str | None:
         if kind is None:
             return "not an image (unknown header)"
         if kind == "jpeg":
-            # EOI cannot occur inside entropy-coded data (0xFF is byte-stuffed there), so its
-            # presence near the end means the scan finished; some writers pad after it.
-            if b"\xff\xd9" not in os.pread(fd, min(size, 1024), max(size - 1024, 0)):
+            if not _jpeg_has_eoi(fd, size):
                 return "truncated JPEG (no end-of-image marker)"
-            return _jpeg_headers_problem(fd, size)
+            return _jpeg_headers_problem(fd, size)[0]
     except OSError as e:
         return f"unreadable ({e.strerror})"
     finally:
@@ -111,27 +109,38 @@ def sniff(path: str) -> str | None:
 _SOF_MARKERS = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}  # frame headers (not DHT/JPG/DAC)
 
 
-def _jpeg_headers_problem(fd: int, size: int) -> str | None:
+def _jpeg_has_eoi(fd: int, size: int) -> bool:
+    """EOI cannot occur inside entropy-coded data (0xFF is byte-stuffed there), so an EOI after the
+    start of scan means the scan finished. It is nearly always in the last bytes; some writers pad
+    after it or append metadata (camera trailers), so without one there the scan data is searched."""
+    if b"\xff\xd9" in os.pread(fd, min(size, 1024), max(size - 1024, 0)):
+        return True
+    problem, scan_start = _jpeg_headers_problem(fd, size)
+    return problem is None and b"\xff\xd9" in os.pread(fd, size - scan_start, scan_start)
+
+
+def _jpeg_headers_problem(fd: int, size: int) -> tuple[str | None, int]:
     """Walk the marker segments from SOI to the start of scan: each is 0xFF, a marker byte and a
     length. Damaged headers make DALI's decoder stop the pipeline, while damage inside the
-    scan data only blurs pixels, so this is the part worth checking. ~10 small reads per file."""
+    scan data only blurs pixels, so this is the part worth checking. ~10 small reads per file.
+    Returns (the problem or None, the start of scan's offset)."""
     head = os.pread(fd, 4096, 0)
     pos, seen_frame = 2, False
     while True:
         seg = head[pos : pos + 4] if pos + 4 <= len(head) else os.pread(fd, 4, pos)
         if len(seg) < 4:
-            return "truncated JPEG (headers run past the end of the file)"
+            return "truncated JPEG (headers run past the end of the file)", pos
         if seg[0] != 0xFF:
-            return f"corrupt JPEG headers (no marker at byte {pos})"
+            return f"corrupt JPEG headers (no marker at byte {pos})", pos
         marker = seg[1]
         if marker == 0xFF:  # fill byte before a marker
             pos += 1
             continue
         if marker == 0xDA:  # start of scan: the headers are complete
-            return None if seen_frame else "corrupt JPEG headers (no frame header before the scan)"
+            return (None if seen_frame else "corrupt JPEG headers (no frame header before the scan)"), pos
         length = int.from_bytes(seg[2:4], "big")
         if length < 2 or pos + 2 + length > size:
-            return f"corrupt JPEG headers (bad segment length at byte {pos})"
+            return f"corrupt JPEG headers (bad segment length at byte {pos})", pos
         seen_frame |= marker in _SOF_MARKERS
         pos += 2 + length
 

@@ -37,6 +37,7 @@ def bad_tree(tmp_path) -> Path:
     (b / "text.JPEG").write_text("not an image")
     (b / "notes.txt").write_text("ignored: not an image extension")
     (b / "padded.JPEG").write_bytes(data + b"\x00" * 100)  # valid: some writers pad after EOI
+    (b / "trailer.JPEG").write_bytes(data + bytes(range(256)) * 16)  # valid: 4 KiB of metadata after EOI
     (b / "headers.JPEG").write_bytes(data[:20] + bytes(180) + data[200:])  # SOI and EOI intact
     (b / "dht.JPEG").write_bytes(damage_huffman_table(data))  # passes the header walk, DALI fails
     return root
@@ -65,7 +66,7 @@ def test_bad_files_are_skipped_with_their_reason_and_the_rest_decodes(bad_tree, 
     assert "truncated" in skipped["truncated.JPEG"] and "zero-byte" in skipped["zero.JPEG"]
     assert "corrupt JPEG headers" in skipped["headers.JPEG"]
     kept = {Path(f).name for f in ds.train.files}
-    assert {"cmyk.JPEG", "gray.JPEG", "png.JPEG", "padded.JPEG"} <= kept
+    assert {"cmyk.JPEG", "gray.JPEG", "png.JPEG", "padded.JPEG", "trailer.JPEG"} <= kept
     assert "notes.txt" not in kept
     assert "truncated.JPEG" in caplog.text  # the warning names the file
 
