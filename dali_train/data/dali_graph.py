@@ -40,9 +40,12 @@ class Placement:
 
 
 def _decoder_kwargs(placement: Placement, s: DaliLoaderConfig) -> dict:
+    # The pixels as stored, EXIF orientation ignored, as PIL's loader (loader=pytorch) and the
+    # torchvision references read them: every loader, and the published baselines, see one image.
+    kwargs = {"adjust_orientation": False}
     if placement.decoder != "mixed":
-        return {}
-    kwargs = {
+        return kwargs
+    kwargs |= {
         "hw_decoder_load": s.hw_decoder_load,
         "device_memory_padding": s.device_memory_padding,
         "host_memory_padding": s.host_memory_padding,

@@ -29,6 +29,25 @@ def first_val_batch(root, *overrides):
     return next(iter(loaders(root, *overrides).val))[0]
 
 
+def test_exif_orientation_is_ignored_by_every_loader(tmp_path):
+    """A JPEG tagged "rotate 90°" (EXIF orientation 6): DALI's decoders would turn it, PIL's loader
+    does not; both loaders must read the stored pixels (as the torchvision references do)."""
+    ramp = torch.linspace(0, 255, 96).to(torch.uint8).expand(48, 96)
+    exif = Image.Exif()
+    exif[0x0112] = 6  # Orientation: rotate 90° clockwise to display
+    for split in ("train", "val"):
+        for c in range(2):
+            (tmp_path / split / f"c{c}").mkdir(parents=True)
+            for i in range(2):
+                rgb = torch.stack([ramp, torch.full_like(ramp, 100), torch.full_like(ramp, 60 * c + 10 * i)], dim=-1)
+                Image.fromarray(rgb.numpy()).save(tmp_path / split / f"c{c}" / f"{i}.JPEG", quality=95, exif=exif)
+    common = [*STRETCH, "data.val_resize_mode=whole", "data.val_resize=32"]
+    a = first_val_batch(tmp_path, "loader=dali_cpu", *common)
+    b = first_val_batch(tmp_path, "loader=pytorch", "loader.num_workers=0", *common)
+    assert (a - b).abs().mean().item() < 0.05
+    assert (a[:, 0, :, -1] - a[:, 0, :, 0]).mean() > 2  # red still rises left to right: not turned
+
+
 @pytest.mark.parametrize("mode, resize", [("whole", 32), ("shorter", 32)])
 def test_val_resize_mode_agrees_between_dali_and_pytorch(wide_root, mode, resize):
     common = [*STRETCH, f"data.val_resize_mode={mode}", f"data.val_resize={resize}"]
