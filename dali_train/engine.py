@@ -8,6 +8,7 @@ CUDA queue bounded by those syncs it is the time the GPU would have starved.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import math
 import time
@@ -254,9 +255,7 @@ def evaluate(
     totals = torch.zeros(3, dtype=torch.float64, device=device)
     count = 0
     autocast = torch.autocast(device.type, dtype=amp_dtype) if amp_dtype else contextlib.nullcontext()
-    for i, (images, labels) in enumerate(loader):
-        if max_steps is not None and i >= max_steps:
-            break
+    for images, labels in itertools.islice(loader, max_steps):  # max_steps None: every batch
         with autocast:
             logits = model(images).float()
             if flip_tta:  # copied first: under CUDA graphs the next call reuses the output's buffer

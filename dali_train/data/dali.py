@@ -141,7 +141,7 @@ class DaliLoader:
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         if self._iterator is None:
             self._iterator = self._build()
-        done = 0
+        done, finished = 0, False
         try:
             for batch in self._iterator:
                 images, labels = batch[0]["images"], batch[0]["labels"]
@@ -151,13 +151,17 @@ class DaliLoader:
                 labels = labels.view(-1).to(self.device, torch.int64, non_blocking=True)
                 yield images.to(self.device, non_blocking=True), labels
                 done += 1
+            finished = True
         except RuntimeError as e:
             if not _is_pipeline_error(e):
                 raise
-            self._iterator = None  # a pipeline that failed cannot run again
             raise self._decode_error(done) from None
-        if self.train:
-            self._iterator = None  # free this epoch's pipeline; set_epoch picks the next order
+        finally:
+            # Train: free this epoch's pipeline (set_epoch picks the next order). Val: keep it only
+            # after a full pass; one left mid-way (trainer.max_val_steps) would resume there next
+            # time (DALI cannot reset a pipeline mid-epoch), and a failed one cannot run again.
+            if self.train or not finished:
+                self._iterator = None
 
     def _decode_error(self, done: int) -> DatasetError:
         """A one-line error naming the file(s) DALI could not decode, found by decoding (with PIL)

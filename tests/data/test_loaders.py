@@ -51,6 +51,16 @@ def loaders(root, *overrides, rank=0, world=1):
 SMALL = ["data.train_size=32", "data.val_resize=36", "data.val_size=32", "loader.batch_size=16"]
 
 
+@pytest.mark.parametrize("name", ["dali_cpu", "pytorch"])
+def test_a_partial_validation_pass_restarts_at_the_first_batch_next_time(sample_root, name):
+    """trainer.max_val_steps stops validation mid-way: the next pass starts at the first batch
+    again (DALI cannot reset a pipeline mid-epoch: it is rebuilt), and a full pass sees every image."""
+    ld = loaders(sample_root, f"loader={name}", *workers(name, 1), *SMALL)
+    firsts = [next(iter(ld.val))[1] for _ in range(3)]  # each pass abandoned after one batch
+    assert all(torch.equal(firsts[0], f) for f in firsts[1:])
+    assert sum(labels.shape[0] for _, labels in ld.val) == ld.num_val_files
+
+
 @pytest.mark.parametrize("name", ["dali", "dali_cpu", "pytorch"])
 def test_train_batches_follow_the_contract(sample_root, name):
     ld = loaders(sample_root, f"loader={name}", *workers(name, 2), *SMALL)
