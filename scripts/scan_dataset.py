@@ -66,7 +66,7 @@ class DaliDecoder:
         @pipeline_def(batch_size=1, num_threads=1, device_id=None, prefetch_queue_depth=1, exec_async=False, exec_pipelined=False)
         def decode_one():
             encoded = fn.external_source(name="encoded", dtype=types.UINT8, ndim=1)
-            return fn.decoders.image(encoded, device="cpu", output_type=types.RGB)
+            return fn.decoders.image(encoded, device="cpu", output_type=types.RGB, adjust_orientation=False)  # as training
 
         pipe = decode_one()
         pipe.build()

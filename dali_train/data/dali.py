@@ -155,13 +155,16 @@ class DaliLoader:
         except RuntimeError as e:
             if not _is_pipeline_error(e):
                 raise
+            self._iterator = None  # a pipeline that failed cannot run again
             raise self._decode_error(done) from None
         finally:
-            # Train: free this epoch's pipeline (set_epoch picks the next order). Val: keep it only
-            # after a full pass; one left mid-way (trainer.max_val_steps) would resume there next
-            # time (DALI cannot reset a pipeline mid-epoch), and a failed one cannot run again.
-            if self.train or not finished:
+            # A val pass left mid-way (trainer.max_val_steps) would resume there next time: DALI
+            # cannot reset a pipeline mid-epoch, so it is rebuilt. (A train pipeline stays until
+            # set_epoch replaces it, on NextEpoch's thread, behind validation.)
+            if not finished and not self.train:
                 self._iterator = None
+        if self.train:
+            self._iterator = None  # free this epoch's pipeline; set_epoch picks the next order
 
     def _decode_error(self, done: int) -> DatasetError:
         """A one-line error naming the file(s) DALI could not decode, found by decoding (with PIL)
