@@ -160,12 +160,12 @@ def train_one_epoch(
     data_time = window_data = 0.0
     samples = window_samples = 0
     start = window_start = time.perf_counter()
-    tick = start
+    tick = fetch_start = start
     step = 0
     interrupted = False
     for step, (images, labels) in enumerate(loader, start=1):
-        now = time.perf_counter()
-        data_time, window_data = data_time + now - tick, window_data + now - tick
+        now = time.perf_counter()  # the wait for this batch: from the end of the previous step's work
+        data_time, window_data = data_time + now - fetch_start, window_data + now - fetch_start
         update = step % p.grad_accum_steps == 0 or step == total
         window = min(p.grad_accum_steps, total - (step - 1) // p.grad_accum_steps * p.grad_accum_steps)
         loss = forward_backward(p, images, labels, update=update, window=window)
@@ -214,7 +214,10 @@ def train_one_epoch(
                 wait=values["perf/data_wait_frac"],
             )
             window_start, window_data, window_samples = tick, 0.0, 0
-        if update and not last and ctl.stop.requested(p.dist, p.device, sync_point=step % ctl.log_every == 0):
+        # Ranks agree on a stop at the update whose window holds a log step (with accumulation, an
+        # update's last micro-step is rarely a multiple of log_every itself).
+        at_log_step = (step - window) // ctl.log_every != step // ctl.log_every
+        if update and not last and ctl.stop.requested(p.dist, p.device, sync_point=at_log_step):
             interrupted = True
         if interrupted or last:
             break
@@ -222,6 +225,7 @@ def train_one_epoch(
             if not skipping:
                 check_losses()  # never write a checkpoint past a NaN/inf loss
             ctl.save(epoch, start_step + step)
+        fetch_start = time.perf_counter()  # logging and saving are not time spent waiting for data
     if losses.pending and not skipping:  # interrupted between log intervals
         check_losses()
     progress.close()

@@ -5,12 +5,15 @@ accumulation windows, max_steps with a resume, mid-epoch checkpoint positions
 from __future__ import annotations
 
 import copy
+import signal
+import time
 
 import pytest
 import torch
+import torch.distributed as torch_dist
 from timm.scheduler import CosineLRScheduler
 
-from dali_train.distributed import DistInfo
+from dali_train.distributed import DistInfo, StopFlag
 from dali_train.engine import LoopControl, TrainParts, evaluate, train_one_epoch, train_step
 from dali_train.logs import MetricsWriter
 
@@ -87,6 +90,30 @@ def test_max_steps_caps_the_whole_epoch_when_it_resumes_mid_epoch(tmp_path):
     ctl = LoopControl(MetricsWriter(tmp_path, False), log_every=100, max_steps=5)
     stats = train_one_epoch(parts, left, ctl, epoch=0, start_step=2)
     assert stats.steps == 3 and parts.global_step == 3
+
+
+def test_under_ddp_a_signal_stops_at_the_update_whose_window_holds_a_log_step(tmp_path):
+    """Ranks agree on a stop at log steps. With accumulation 3 and log_every 4 the update after
+    micro-step 6 holds log step 4: the stop comes there, not at lcm(3, 4) = 12 (this epoch's end,
+    so never). One real gloo process stands for the ranks: the decision is still a collective."""
+    torch_dist.init_process_group("gloo", store=torch_dist.HashStore(), rank=0, world_size=1)
+    try:
+        parts = parts_for(torch.nn.Linear(8, 3), grad_accum_steps=3)
+        parts.dist = DistInfo(0, 0, 2)  # several ranks: the stop goes through all_reduce
+        stop = StopFlag()
+        stop.signal = signal.SIGTERM  # as the handler sets it, before the first step
+        ctl = LoopControl(MetricsWriter(tmp_path, False), log_every=4, stop=stop)
+        stats = train_one_epoch(parts, batches(12), ctl, epoch=0)
+    finally:
+        torch_dist.destroy_process_group()
+    assert stats.interrupted and stats.steps == 6 and parts.global_step == 2
+
+
+def test_a_slow_checkpoint_save_is_not_counted_as_waiting_for_data(tmp_path):
+    parts = parts_for(torch.nn.Linear(8, 3))
+    ctl = LoopControl(MetricsWriter(tmp_path, False), log_every=100, save_every=1, save=lambda e, s: time.sleep(0.2))
+    stats = train_one_epoch(parts, batches(5), ctl, epoch=0)  # in memory: batches come at once
+    assert stats.data_wait_frac < 0.2, stats.data_wait_frac  # was ~0.99: the saves counted as data wait
 
 
 def test_each_update_is_the_mean_gradient_of_its_own_window_the_epochs_last_partial_one_too(tmp_path):
