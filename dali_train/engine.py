@@ -99,6 +99,26 @@ def _optimizer_step(p: TrainParts) -> None:
         p.ema.update(p.model, step=p.global_step)
 
 
+class BufferSnapshot:
+    """The model's floating buffers (BatchNorm running stats) at the start of an accumulation
+    window, put back when its update is skipped: the forward passes that met the NaN/inf have
+    already folded it into them. Kept only with trainer.max_nonfinite_skips (a copy per update)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.live = [b for b in model.buffers() if b.is_floating_point()]
+        self.saved = [b.detach().clone() for b in self.live]
+
+    @torch.no_grad()
+    def take(self) -> None:
+        for saved, live in zip(self.saved, self.live, strict=True):
+            saved.copy_(live)
+
+    @torch.no_grad()
+    def restore(self) -> None:
+        for saved, live in zip(self.saved, self.live, strict=True):
+            live.copy_(saved)
+
+
 def _skip_update(p: TrainParts) -> None:
     """An update whose loss was NaN/inf: the gradients are dropped, the schedule moves on (as
     when the fp16 GradScaler skips one), so step counts and resume positions stay aligned."""
@@ -150,6 +170,7 @@ def train_one_epoch(
     progress = Progress(total, f"epoch {epoch}", p.dist.is_main)
     losses = LossWatch(p.device)
     skipping = ctl.max_nonfinite_skips > 0
+    buffers = BufferSnapshot(p.model) if skipping else None
 
     def check_losses() -> None:  # host sync; a collective under DDP
         diverged = losses.check(p.dist, epoch=epoch)
@@ -168,6 +189,8 @@ def train_one_epoch(
         data_time, window_data = data_time + now - fetch_start, window_data + now - fetch_start
         update = step % p.grad_accum_steps == 0 or step == total
         window = min(p.grad_accum_steps, total - (step - 1) // p.grad_accum_steps * p.grad_accum_steps)
+        if buffers is not None and (step - 1) % p.grad_accum_steps == 0:
+            buffers.take()  # the window's first micro-step
         loss = forward_backward(p, images, labels, update=update, window=window)
         losses.add(loss, step=start_step + step, update=p.global_step + 1, lr=p.optimizer.param_groups[0]["lr"])
         if update and skipping:  # a host sync per update, the price of skipping instead of stopping
@@ -183,6 +206,7 @@ def train_one_epoch(
                 log.warning(
                     "skipped update %d of %d allowed: %s", ctl.skipped_updates, ctl.max_nonfinite_skips, diverged
                 )
+                buffers.restore()
                 _skip_update(p)
             else:
                 _optimizer_step(p)

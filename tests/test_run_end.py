@@ -91,7 +91,7 @@ def _batches(nan_at: int | None = None) -> list[tuple[torch.Tensor, torch.Tensor
 
 @pytest.mark.parametrize("skips", [0, 1])
 def test_one_nan_batch_stops_or_is_skipped_in_process(tmp_path, skips):
-    model = torch.nn.Linear(8, 3)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 3), torch.nn.BatchNorm1d(3))  # BN: the NaN reaches its stats
     parts = _parts(model)
     ctl = LoopControl(MetricsWriter(tmp_path, False), log_every=4, max_nonfinite_skips=skips)
     if skips == 0:
@@ -102,6 +102,7 @@ def test_one_nan_batch_stops_or_is_skipped_in_process(tmp_path, skips):
     stats = train_one_epoch(parts, _batches(nan_at=2), ctl, epoch=0)
     assert ctl.skipped_updates == 1 and parts.global_step == 8  # the schedule still moved on
     assert all(torch.isfinite(p).all() for p in model.parameters()) and torch.isfinite(torch.tensor(stats.loss))
+    assert all(torch.isfinite(b).all() for b in model.buffers())  # the skipped window's BN stats put back
 
 
 def test_fp16_grad_scaler_skips_are_not_divergence(tmp_path):
