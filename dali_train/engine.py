@@ -100,12 +100,12 @@ def _optimizer_step(p: TrainParts) -> None:
 
 
 class BufferSnapshot:
-    """The model's floating buffers (BatchNorm running stats) at the start of an accumulation
+    """The model's buffers (BatchNorm running stats and batch counts) at the start of an accumulation
     window, put back when its update is skipped: the forward passes that met the NaN/inf have
     already folded it into them. Kept only with trainer.max_nonfinite_skips (a copy per update)."""
 
     def __init__(self, model: torch.nn.Module) -> None:
-        self.live = [b for b in model.buffers() if b.is_floating_point()]
+        self.live = list(model.buffers())
         self.saved = [b.detach().clone() for b in self.live]
 
     @torch.no_grad()
