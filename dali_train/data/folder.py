@@ -96,9 +96,10 @@ def sniff(path: str) -> str | None:
         if kind is None:
             return "not an image (unknown header)"
         if kind == "jpeg":
-            if not _jpeg_has_eoi(fd, size):
+            problem, scan_start = _jpeg_headers_problem(fd, size)
+            if not _jpeg_has_eoi(fd, size, None if problem else scan_start):
                 return "truncated JPEG (no end-of-image marker)"
-            return _jpeg_headers_problem(fd, size)[0]
+            return problem
     except OSError as e:
         return f"unreadable ({e.strerror})"
     finally:
@@ -109,14 +110,14 @@ def sniff(path: str) -> str | None:
 _SOF_MARKERS = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}  # frame headers (not DHT/JPG/DAC)
 
 
-def _jpeg_has_eoi(fd: int, size: int) -> bool:
+def _jpeg_has_eoi(fd: int, size: int, scan_start: int | None) -> bool:
     """EOI cannot occur inside entropy-coded data (0xFF is byte-stuffed there), so an EOI after the
     start of scan means the scan finished. It is nearly always in the last bytes; some writers pad
-    after it or append metadata (camera trailers), so without one there the scan data is searched."""
+    after it or append metadata (camera trailers), so without one there the scan data (from
+    `scan_start`; None: headers unreadable) is searched."""
     if b"\xff\xd9" in os.pread(fd, min(size, 1024), max(size - 1024, 0)):
         return True
-    problem, scan_start = _jpeg_headers_problem(fd, size)
-    return problem is None and b"\xff\xd9" in os.pread(fd, size - scan_start, scan_start)
+    return scan_start is not None and b"\xff\xd9" in os.pread(fd, size - scan_start, scan_start)
 
 
 def _jpeg_headers_problem(fd: int, size: int) -> tuple[str | None, int]:
