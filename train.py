@@ -37,6 +37,7 @@ from dali_train.distributed import (
     StopFlag,
     barrier,
     init_distributed,
+    restart_count,
     set_collective_timeout,
     shared_run_stamp,
     shutdown,
@@ -159,6 +160,8 @@ def train(cfg: DictConfig, dist: DistInfo, run_dir: Path, writer: MetricsWriter,
         state = checkpointer.restore(resume, parts)
         start_epoch, start_step, best_top1 = state.next_epoch, state.next_step, state.best_top1
         log.info("resumed from %s at epoch %d step %d (best top-1 %.2f)", resume, start_epoch, start_step, best_top1)
+    elif restart_count():
+        log.warning("torchrun restart %d with trainer.resume=%s: training starts over", restart_count(), tc.resume)
     writer.drop_after(start_epoch, parts.global_step)  # rows logged after the checkpoint: redone now
     summary["best_val_top1"] = best_top1
     last_pt = checkpointer.path("last.pt")

@@ -56,6 +56,11 @@ def read_launch_env() -> DistInfo:
     return DistInfo(0, 0, 1)
 
 
+def restart_count() -> int:
+    """How many times torchrun (`--max-restarts`) has restarted this run's workers: 0 otherwise."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
+
+
 # The launcher's rendezvous store, joined once per process and kept: under srun rank 0's copy is
 # the server, which must outlive the stamp exchange until the group has joined through it.
 _store: torch_dist.Store | None = None
@@ -85,7 +90,9 @@ def init_distributed() -> DistInfo:
     # Until the config is read; then trainer.dist_timeout_s applies (set_collective_timeout).
     torch_dist.init_process_group(
         backend=backend,
-        store=torch_dist.PrefixStore("default_pg", _rendezvous_store(info)),  # as torch's own init_method path
+        # As torch's own init_method path, plus the attempt: a torchrun restart reuses the agent's
+        # store, where the previous attempt's group keys (addresses, barrier counts) are stale.
+        store=torch_dist.PrefixStore(f"default_pg/attempt_{restart_count()}", _rendezvous_store(info)),
         rank=info.rank,
         world_size=info.world_size,
         timeout=dt.timedelta(minutes=30),
@@ -112,6 +119,8 @@ def shared_run_stamp() -> str:
     write to different run directories. Rank 0's clock decides; the others read it from the
     rendezvous store (no process group yet: the config, read later, sets CUDA up before one is
     joined). Rank 0's pid and the milliseconds keep two runs started in the same second apart.
+    A torchrun restart (`--max-restarts`) reuses its agent's store, so it keeps the first attempt's
+    stamp: the same run dir, where `trainer.resume=auto` finds the last checkpoint.
     """
     now = dt.datetime.now()
     stamp = f"{now:%Y-%m-%d/%H-%M-%S}.{now.microsecond // 1000:03d}_{os.getpid()}"
@@ -119,9 +128,9 @@ def shared_run_stamp() -> str:
     if not info.enabled:
         return stamp
     store = _rendezvous_store(info)
-    key = f"dali_train/run_stamp/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"  # torchrun restarts reuse the store
+    key = "dali_train/run_stamp"
     if info.is_main:
-        store.set(key, stamp)
+        return store.compare_set(key, "", stamp).decode()  # set only by a run's first attempt
     return store.get(key).decode()
 
 

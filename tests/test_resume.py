@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import resource
 import shutil
 import signal
@@ -207,6 +208,31 @@ def test_sigkill_after_the_log_row_then_resume_auto_keeps_one_row_per_epoch(smal
     assert [r["epoch"] for r in rows(run / "metrics.jsonl")] == [0, 1]
     steps = [r["step"] for r in rows(run / "steps.jsonl")]
     assert steps == sorted(steps) and len(steps) == len(set(steps)) and steps[-1] == 2 * STEPS
+
+
+@pytest.mark.slow
+def test_a_torchrun_restart_resumes_in_the_same_run_dir(small_root, tmp_path):
+    """torchrun --max-restarts restarts every worker when one dies: with trainer.resume=auto the new
+    attempt must find the first attempt's last.pt, i.e. write to the same (default) run dir."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "--max-restarts=1"]
+    train = args(small_root, "trainer.epochs=3", f"trainer.max_steps_per_epoch={STEPS}", "trainer.resume=auto")
+    proc = subprocess.Popen(
+        [*cmd, str(REPO / "train.py"), *train], cwd=tmp_path, env=launch_env(), stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 300
+    while not list(tmp_path.glob("outputs/*/*/checkpoints/last.pt")) and time.monotonic() < deadline:
+        assert proc.poll() is None, proc.stderr.read()[-3000:]
+        time.sleep(0.01)
+    workers = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+    assert len(workers) == 2, workers
+    os.kill(int(workers[-1]), signal.SIGKILL)  # rank 1 dies; torchrun restarts both
+    _, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 0, stderr[-3000:]
+    run_dirs = [d for d in tmp_path.glob("outputs/*/*") if d.is_dir()]
+    assert len(run_dirs) == 1, run_dirs
+    assert "resumed from" in (run_dirs[0] / "train.log").read_text()
+    assert [r["epoch"] for r in rows(run_dirs[0] / "metrics.jsonl")] == [0, 1, 2]
 
 
 def _tmpfs(path: Path, size: str) -> bool:
