@@ -43,7 +43,7 @@ from dali_train.distributed import (
     shutdown,
 )
 from dali_train.divergence import Diverged, nonfinite_tensors
-from dali_train.ending import COMPLETED, EXIT_USER, Ending, RunShape, ending_for, stopped_by_signal
+from dali_train.ending import COMPLETED, EXIT_USER, Ending, RunShape, ending_for, job_done, stopped_by_signal
 from dali_train.engine import LoopControl, evaluate, train_one_epoch, updates_per_epoch
 from dali_train.errors import UserError
 from dali_train.logs import MetricsWriter, input_bound_verdict, setup_logging
@@ -62,7 +62,7 @@ class RunEnded(Exception):
 
 def run(cfg: DictConfig) -> float:
     """Train (or evaluate) per `cfg`; returns the best val top-1. Every ending, failures included,
-    is written to summary.json's `end_state`; one that is not `completed` raises RunEnded."""
+    is written to summary.json's `end_state`; one with a non-zero exit code raises RunEnded."""
     cuda_queues = set_cuda_max_connections(cfg.trainer.cuda_max_connections)  # before anything starts CUDA
     dist = init_distributed()
     run_dir = Path(HydraConfig.get().runtime.output_dir)
@@ -83,7 +83,7 @@ def run(cfg: DictConfig) -> float:
         end_run(writer, summary, ending, started)
         raise RunEnded(ending) from None
     end_run(writer, summary, ending, started)
-    if ending is not COMPLETED:
+    if ending.exit_code:
         raise RunEnded(ending)
     barrier(dist)
     return summary["best_val_top1"]
@@ -100,8 +100,10 @@ def end_run(writer: MetricsWriter, summary: dict, ending: Ending, started: float
         writer.close()
     except OSError as e:  # a full disk, say: the ending itself still reaches the log and the exit code
         log.warning("could not write summary.json: %s", e)
-    if ending is not COMPLETED:
+    if ending.exit_code:
         (log.warning if ending.exit_code > 128 else log.error)("run ended: %s: %s", ending.state, ending.message)
+    elif ending.message:
+        log.info("%s: %s", ending.state, ending.message)
 
 
 def train(cfg: DictConfig, dist: DistInfo, run_dir: Path, writer: MetricsWriter, summary: dict) -> Ending:
@@ -283,15 +285,17 @@ def train(cfg: DictConfig, dist: DistInfo, run_dir: Path, writer: MetricsWriter,
         train_img_s=img_s,
         data_wait_frac=wait,
     )
+    ending = job_done(end_epoch, tc.epochs) if epoch_stats and end_epoch < tc.epochs else COMPLETED
     log.info(
-        "completed: val top-1 %.2f (best %.2f), top-5 %.2f on %d images; %s",
+        "%s: val top-1 %.2f (best %.2f), top-5 %.2f on %d images; %s",
+        ending.state,
         metrics["top1"],
         best_top1,
         metrics["top5"],
         metrics["samples"],
         input_bound_verdict(wait, c.loader.name) if epoch_stats else "eval only",
     )
-    return COMPLETED
+    return ending
 
 
 _task_started = False  # composition errors happen before it; see __main__

@@ -3,6 +3,7 @@
 | end_state | exit code |
 |---|---|
 | `completed` | 0 |
+| `job done` (`trainer.epochs_per_job` epochs done, more remain: resume continues) | 0 |
 | `stopped by signal` | 128 + signal number |
 | `diverged at step N` (N: the optimizer update, as in steps.jsonl) | 2 |
 | `disk full`, `bad file`, `out of memory`, `collective timed out`, `error` (any other UserError) | 2 |
@@ -41,6 +42,11 @@ class RunShape:
 
 
 COMPLETED = Ending("completed", 0)
+
+
+def job_done(epochs_done: int, epochs: int) -> Ending:
+    """A job of `trainer.epochs_per_job` epochs ended as planned, before the run's last epoch."""
+    return Ending("job done", 0, f"{epochs_done} of {epochs} epochs done; continue with trainer.resume=auto (or PATH)")
 
 
 def stopped_by_signal(signum: int, message: str) -> Ending:

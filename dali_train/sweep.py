@@ -5,7 +5,8 @@ and writes `sweep_summary.md` and `sweep_summary.csv` beside them. It runs by it
 of every Hydra multirun (`SweepSummaryCallback`, registered in conf/config.yaml) and from
 `scripts/sweep_summary.py DIR` for a sweep run by other means (torchrun per point, SLURM).
 A sweep over `seed=` gets a second table: each setting's final val top-1 per seed and their mean,
-best mean first (choose by the mean, not by one lucky seed).
+best mean first (choose by the mean, not by one lucky seed). Only completed jobs count in a mean:
+a job that ended early (a signal, `epochs_per_job`, divergence) is listed with its `end_state`.
 """
 
 from __future__ import annotations
@@ -23,7 +24,10 @@ from omegaconf import DictConfig
 
 log = logging.getLogger(__name__)
 
-COLUMNS = ["job", "overrides", "best_val_top1", "val_top1", "val_top5", "train_img_s", "wall_time_s"]
+COLUMNS = [
+    "job", "overrides", "best_val_top1", "val_top1", "val_top5", "train_img_s", "wall_time_s", "epochs_completed",
+    "end_state",
+]  # fmt: skip
 
 
 def collect(multirun_dir: Path) -> list[dict[str, Any]]:
@@ -59,12 +63,13 @@ def by_setting(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     settings = []
     for setting, jobs in groups.items():
         jobs = sorted(jobs, key=lambda r: (len(r["_seed"] or ""), r["_seed"] or ""))  # 2 before 10
-        top1 = [r["val_top1"] for r in jobs if r["val_top1"] is not None]
+        top1 = [r["val_top1"] for r in jobs if r["val_top1"] is not None and r["end_state"] == "completed"]
         settings.append(
             {
                 "setting": setting or "defaults",
                 "seeds": [r["_seed"] for r in jobs],
                 "val_top1": [r["val_top1"] for r in jobs],
+                "end_states": [r["end_state"] for r in jobs],
                 "mean": statistics.mean(top1) if top1 else None,
                 "std": statistics.stdev(top1) if len(top1) > 1 else None,
             }
@@ -84,6 +89,11 @@ def write_sweep_summary(multirun_dir: str | Path) -> list[dict[str, Any]]:
     def fmt(v: Any) -> str:
         return f"{v:.2f}" if isinstance(v, float) else "" if v is None else str(v)
 
+    def per_seed(g: dict[str, Any]) -> str:  # a job that did not complete: its state, outside the mean
+        return " / ".join(
+            fmt(v) + ("" if state == "completed" else f" ({state})") for v, state in zip(g["val_top1"], g["end_states"], strict=True)
+        )
+
     lines = [
         f"# Sweep {root}",
         "",
@@ -97,13 +107,13 @@ def write_sweep_summary(multirun_dir: str | Path) -> list[dict[str, Any]]:
     if settings:
         lines += [
             "",
-            "## By setting, over seeds (final val top-1), best mean first",
+            "## By setting, over seeds (final val top-1), best mean first (of completed jobs only)",
             "",
             "| setting | seeds | val_top1 per seed | mean | std |",
             "|---|---|---|---|---|",
         ]
         lines += [
-            f"| {g['setting']} | {' '.join(map(str, g['seeds']))} | {' / '.join(fmt(v) for v in g['val_top1'])} "
+            f"| {g['setting']} | {' '.join(map(str, g['seeds']))} | {per_seed(g)} "
             f"| {fmt(g['mean'])} | {fmt(g['std'])} |"
             for g in settings
         ]

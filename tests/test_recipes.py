@@ -61,4 +61,4 @@ SHRINK = [
 def test_recipe_runs_one_step_on_the_sample_set(recipe, sample_root, tmp_path):
     run = run_inprocess([f"+experiment={recipe}", *SHRINK, f"data.root={sample_root}"], tmp_path / "run")
     summary = run.summary
-    assert summary["val_samples"] == 8 and summary["train_img_s"] > 0 and summary["end_state"] == "completed"
+    assert summary["val_samples"] == 8 and summary["train_img_s"] > 0 and summary["end_state"] == "job done"

@@ -14,6 +14,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from dali_train.data.sample import make_image_folder
+from dali_train.sweep import write_sweep_summary
 from tests.conftest import REPO, TINY, compose_run_config, launch_env, read_json, run_script
 
 pytestmark = pytest.mark.slow
@@ -58,6 +59,28 @@ def test_multirun_two_points_each_with_outputs_and_a_summary_table(small_root, t
     assert all(s[1] == "0 1" for s in settings)
     listed = [float(s[3]) for s in settings]
     assert listed == sorted(listed, reverse=True)
+
+
+def test_a_job_that_ended_early_is_marked_and_left_out_of_the_mean_over_seeds(tmp_path):
+    """A sweep dir as train.py -m leaves it, where seed 1 of one setting was stopped by a signal:
+    its top-1 is listed with its end_state, and the setting's mean is over the completed seed."""
+    jobs = [("0", "0.1", "0", 70.0, "completed"), ("1", "0.1", "1", 30.0, "stopped by signal"),
+            ("2", "0.2", "0", 60.0, "completed"), ("3", "0.2", "1", 62.0, "completed")]  # fmt: skip
+    for job, lr, seed, top1, state in jobs:
+        (tmp_path / job / ".hydra").mkdir(parents=True)
+        (tmp_path / job / ".hydra" / "overrides.yaml").write_text(f"- optimizer.lr={lr}\n- seed={seed}\n")
+        summary = {"val_top1": top1, "best_val_top1": top1, "end_state": state, "epochs_completed": 1}
+        (tmp_path / job / "summary.json").write_text(json.dumps(summary))
+    write_sweep_summary(tmp_path)
+    table = (tmp_path / "sweep_summary.md").read_text().split("## By setting")[1]
+    settings = [line.split(" | ") for line in table.splitlines() if line.startswith("| optimizer.lr=")]
+    assert [(s[0], s[2], s[3]) for s in settings] == [
+        ("| optimizer.lr=0.1", "70.00 / 30.00 (stopped by signal)", "70.00"),
+        ("| optimizer.lr=0.2", "60.00 / 62.00", "61.00"),
+    ]
+    assert {r["end_state"] for r in csv.DictReader(open(tmp_path / "sweep_summary.csv"))} == {
+        "completed", "stopped by signal"
+    }  # fmt: skip
 
 
 def test_optuna_sweep_three_trials(small_root, tmp_path, capfd):
