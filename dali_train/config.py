@@ -40,6 +40,7 @@ from dali_train.options import (  # the option groups' schemas
     SyntheticLoaderConfig,
     TimmOptimizerConfig,
     must_be_at_least,
+    must_be_in,
     must_be_one_of,
 )
 
@@ -100,6 +101,9 @@ class ModelConfig:
     stem_blur_pool: bool = False  # fastai's MaxBlurPool as the stem's pool only (timm's aa_layer blurs every stride)
     blur_strided_convs: bool = False  # FFCV's BlurPool: a 3x3 blur before every strided conv of >= 16 input channels
 
+    def __post_init__(self) -> None:
+        must_be_in("model.drop_path_rate", self.drop_path_rate, 0, 1)
+
 
 # --- trainer ----------------------------------------------------------------------------------
 
@@ -142,6 +146,12 @@ class TrainerConfig:
         must_be_one_of("trainer.compile_mode", self.compile_mode, COMPILE_MODES)
         for key in ("epochs", "grad_accum_steps", "log_every_n_steps", "val_every_n_epochs"):
             must_be_at_least(f"trainer.{key}", getattr(self, key), 1)
+        if self.epochs_per_job is not None:  # 0 would end every job at once, "done", with nothing trained
+            must_be_at_least("trainer.epochs_per_job", self.epochs_per_job, 1)
+        must_be_in("trainer.label_smoothing", self.label_smoothing, 0, 1)
+        must_be_at_least("trainer.mixup_alpha", self.mixup_alpha, 0)
+        must_be_at_least("trainer.cutmix_alpha", self.cutmix_alpha, 0)
+        must_be_in("trainer.ema_decay", self.ema_decay, 0, 1)
 
 
 # --- the run ----------------------------------------------------------------------------------

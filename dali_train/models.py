@@ -103,7 +103,8 @@ def blur_strided_convs(model: torch.nn.Module) -> torch.nn.Module:
 
 def _blurred_conv_keys(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """`state` with the weights of each conv that `blur_strided_convs` wrapped (now `NAME.1.*`) taken
-    from `NAME.*` (an unblurred model's file) or `NAME.conv.*` (FFCV's BlurPoolConv2d)."""
+    from `NAME.*` (an unblurred model's file) or `NAME.conv.*` (FFCV's BlurPoolConv2d, whose saved
+    `NAME.blur_filter` buffer is dropped)."""
     state = dict(state)
     for name, module in model.named_modules():
         if isinstance(module, torch.nn.Sequential) and len(module) == 2 and isinstance(module[0], BlurPool2d):
@@ -111,6 +112,7 @@ def _blurred_conv_keys(model: torch.nn.Module, state: dict[str, torch.Tensor]) -
                 for source in (f"{name}.{tensor}", f"{name}.conv.{tensor}"):
                     if source in state and f"{name}.1.{tensor}" not in state:
                         state[f"{name}.1.{tensor}"] = state.pop(source)
+            state.pop(f"{name}.blur_filter", None)  # FFCV's fixed 3x3 binomial filter: ours is built, not loaded
     return state
 
 

@@ -62,9 +62,9 @@ def _optimizer_kwargs(opt: OptimizerConfig) -> dict:
         return dict(opt="nesterov" if opt.nesterov else "momentum", momentum=opt.momentum)
     info = get_optimizer_info(opt.name.removeprefix(LOOKAHEAD))
     kwargs = dict(opt=opt.name)
-    if info.has_betas:
+    if info.has_betas and opt.betas is not None:  # else the optimizer's own (lion 0.9/0.99, adan three...)
         kwargs["betas"] = tuple(opt.betas)
-    if info.has_eps:
+    if info.has_eps and opt.eps is not None:
         kwargs["eps"] = opt.eps
     return {**kwargs, **opt.kwargs}
 
@@ -77,7 +77,7 @@ def build_optimizer(opt: OptimizerConfig, model: torch.nn.Module, *, global_batc
         optimizer = create_optimizer_v2(
             model, lr=lr, weight_decay=opt.weight_decay, filter_bias_and_bn=opt.no_wd_norm_bias, **kwargs
         )
-    except TypeError as e:  # an optimizer.kwargs entry the optimizer class does not take
+    except (TypeError, ValueError) as e:  # an optimizer.kwargs entry the optimizer class does not take (or its value)
         raise OptimError(f"optimizer.kwargs={opt.kwargs}: {opt.name} rejected them ({e})") from None
     decayed = sum(p.numel() for g in optimizer.param_groups if g["weight_decay"] > 0 for p in g["params"])
     total = sum(p.numel() for g in optimizer.param_groups for p in g["params"])
@@ -136,4 +136,14 @@ def build_scheduler(
         raise OptimError(f"scheduler.name={sched.name}: unknown; choose one of {', '.join(SCHEDULERS)}")
     warmup = round(sched.warmup_epochs * steps_per_epoch)
     total = max(epochs * steps_per_epoch, 1)
+    peak = max(g["lr"] for g in optimizer.param_groups)
+    min_lr = getattr(sched, "min_lr", 0.0)
+    if min_lr > peak:
+        raise OptimError(f"scheduler.min_lr={min_lr}: above the peak LR {peak:.4g} (optimizer.lr, scaled); the LR would rise")
+    if warmup >= total and warmup > 0:  # a smoke test's trainer.epochs=1 with cosine's 1-epoch warmup, say
+        log.warning(
+            "scheduler.warmup_epochs=%s spans the whole run (trainer.epochs=%d): the LR only warms up, never anneals",
+            sched.warmup_epochs,
+            epochs,
+        )
     return SCHEDULERS[sched.name](sched, optimizer, warmup=warmup, total=total, steps_per_epoch=steps_per_epoch)

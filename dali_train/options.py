@@ -24,6 +24,12 @@ def must_be_at_least(key: str, value: float, low: float) -> None:
         raise UserError(f"{key}={value}: must be at least {low}")
 
 
+def must_be_in(key: str, value: float, low: float, high: float, *, high_ok: bool = False) -> None:
+    """low <= value < high (or <= high): checked with the config, not at the first step that uses it."""
+    if not (low <= value <= high if high_ok else low <= value < high):
+        raise UserError(f"{key}={value}: must be in [{low}, {high}{']' if high_ok else ')'}")
+
+
 def _option_name(group: str, name: str, schema: type, options: dict[str, type]) -> None:
     """`name` must be one of the options that this schema describes (`loader=pytorch
     loader.name=dali` would hand DALI a config without its keys)."""
@@ -108,6 +114,7 @@ class OptimizerConfig:
     def __post_init__(self) -> None:
         if self.lr <= 0:
             raise UserError(f"optimizer.lr={self.lr}: must be positive")
+        must_be_at_least("optimizer.weight_decay", self.weight_decay, 0)
 
 
 @dataclass
@@ -122,14 +129,15 @@ class SgdConfig(OptimizerConfig):
         super().__post_init__()
         if self.name != "sgd":
             raise UserError(f"optimizer.name={self.name}: optimizer=sgd is SGD; other optimizers: optimizer=adamw optimizer.name={self.name}")
+        must_be_in("optimizer.momentum", self.momentum, 0, 1)
 
 
 @dataclass
 class TimmOptimizerConfig(OptimizerConfig):
     """optimizer=adamw / lamb / ranger, or any timm optimizer by `name`."""
 
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])  # for optimizers with betas (adam family, lamb)
-    eps: float = 1.0e-8  # for optimizers with an eps term
+    betas: list[float] | None = None  # for optimizers with betas (adam family, lamb); null = the optimizer's own
+    eps: float | None = None  # for optimizers with an eps term; null = the optimizer's own
     kwargs: dict[str, Any] = field(default_factory=dict)  # more arguments of the timm optimizer (rmsprop: momentum...)
 
     def __post_init__(self) -> None:
@@ -145,6 +153,17 @@ class TimmOptimizerConfig(OptimizerConfig):
                 f"optimizer.name={self.name}: not a timm optimizer (similar: {', '.join(close) or 'none'}; "
                 "all: timm.optim.list_optimizers(), any of them with the lookahead_ prefix)"
             )
+        if self.betas is not None:
+            from timm.optim import get_optimizer_info
+
+            info = get_optimizer_info(base)
+            if not info.has_betas or len(self.betas) != info.num_betas:
+                takes = f"takes {info.num_betas}" if info.has_betas else "takes none"
+                raise UserError(f"optimizer.betas={list(self.betas)}: {self.name} {takes}")
+            for beta in self.betas:
+                must_be_in("optimizer.betas", beta, 0, 1)
+        if self.eps is not None:
+            must_be_at_least("optimizer.eps", self.eps, 0)
 
 
 # --- scheduler: conf/scheduler/<name>.yaml ---------------------------------------------------------
@@ -193,6 +212,12 @@ class StepSchedulerConfig(SchedulerConfig):
 
     decay_epochs: float = 30.0  # epochs between LR drops
     decay_rate: float = 0.1  # LR multiplier at each drop
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.decay_epochs <= 0:
+            raise UserError(f"scheduler.decay_epochs={self.decay_epochs}: must be positive")
+        must_be_in("scheduler.decay_rate", self.decay_rate, 0, 1, high_ok=True)
 
 
 SCHEDULER_SCHEMAS: dict[str, type[SchedulerConfig]] = {

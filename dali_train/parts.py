@@ -4,7 +4,7 @@ train.py and scripts/benchmark.py assemble the same model, loss, optimizer and s
 from __future__ import annotations
 
 import torch
-from timm.utils import random_seed
+from timm.utils import random_seed, unwrap_model
 
 from dali_train.config import ModelConfig, TrainerConfig
 from dali_train.distributed import DistInfo
@@ -53,7 +53,9 @@ def build_train_parts(
         cutmix_alpha=trainer.cutmix_alpha,
         num_classes=num_classes,
     )
-    optimizer = build_optimizer(optimizer_cfg, model, global_batch=global_batch)
+    # On the bare model: timm matches its no_weight_decay() names, which DDP's and compile's wrappers
+    # hide or prefix (module., _orig_mod.), so pos_embed & co. would be decayed under torchrun.
+    optimizer = build_optimizer(optimizer_cfg, unwrap_model(model), global_batch=global_batch)
     return TrainParts(
         model=model,
         optimizer=optimizer,

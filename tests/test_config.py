@@ -101,6 +101,12 @@ def test_a_key_of_another_option_fails_at_composition_like_a_typo(hydra_conf, ov
         (["scheduler=flat_cos", "scheduler.flat_frac=1.0"], "scheduler.flat_frac=1.0: must be in [0, 1)"),
         (["data.val_resize_mode=long"], "data.val_resize_mode=long: unknown; choose one of shorter, whole"),
         (["trainer.mixup_alpha=0.2", "loader.batch_size=3"], "loader.batch_size=3: Mixup/CutMix needs an even"),
+        (["trainer.epochs_per_job=0"], "trainer.epochs_per_job=0: must be at least 1"),
+        (["trainer.label_smoothing=1.5"], "trainer.label_smoothing=1.5: must be in [0, 1)"),
+        (["trainer.mixup_alpha=-1"], "trainer.mixup_alpha=-1.0: must be at least 0"),
+        (["trainer.ema_decay=1.0"], "trainer.ema_decay=1.0: must be in [0, 1)"),
+        (["model.drop_path_rate=1.0"], "model.drop_path_rate=1.0: must be in [0, 1)"),
+        (["optimizer=adamw", "optimizer.name=adan", "optimizer.betas=[0.9,0.99]"], "adan takes 3"),
     ],
 )
 def test_option_values_are_checked_by_the_schema_before_any_work(hydra_conf, overrides, message):

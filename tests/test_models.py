@@ -83,8 +83,9 @@ def test_blur_strided_convs_blurs_before_every_strided_conv_of_16_channels_or_mo
 def test_pretrained_weights_load_into_the_blurred_convs(tmp_path, layout):
     plain = build_model(ModelConfig(name="resnet18"), 10)
     state = plain.state_dict()
-    if layout == "ffcv":
+    if layout == "ffcv":  # FFCV's BlurPoolConv2d also saves its filter, a persistent buffer
         state = {k.replace("layer2.0.conv1.", "layer2.0.conv1.conv."): v for k, v in state.items()}
+        state["layer2.0.conv1.blur_filter"] = torch.full((64, 1, 3, 3), 1 / 16)
     torch.save(state, tmp_path / "w.pt")
     blurred = build_model(ModelConfig(name="resnet18", blur_strided_convs=True, pretrained=str(tmp_path / "w.pt")), 10)
     torch.testing.assert_close(blurred.layer2[0].conv1[1].weight, plain.layer2[0].conv1.weight)

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
+from dali_train.config import ModelConfig, TrainerConfig
+from dali_train.distributed import DistInfo
 from dali_train.errors import UserError
+from dali_train.models import build_model
 from dali_train.optim import build_optimizer, build_scheduler
 from dali_train.options import SCHEDULER_SCHEMAS, SgdConfig, TimmOptimizerConfig
+from dali_train.parts import build_train_parts
 
 
 def tiny_model() -> torch.nn.Module:
@@ -64,6 +70,47 @@ def test_any_timm_optimizer_by_name_gets_the_hyperparameters_it_takes():
         build_optimizer(opt_cfg(name="lookahead_nosuch"), model, global_batch=256)
 
 
+def test_an_unset_betas_or_eps_is_the_optimizers_own():
+    """Only what the config sets is passed: lion keeps its betas 0.9/0.99, adan its three."""
+    model = tiny_model()
+    model(torch.zeros(1, 3, 8, 8))
+    lion = build_optimizer(opt_cfg(name="lion", lr=1e-4), model, global_batch=256).param_groups[0]
+    assert lion["betas"] == (0.9, 0.99)
+    adan = build_optimizer(opt_cfg(name="adan", lr=1e-3), model, global_batch=256).param_groups[0]
+    assert len(adan["betas"]) == 3
+    set_ = build_optimizer(opt_cfg(name="lion", lr=1e-4, betas=[0.95, 0.98]), model, global_batch=256)
+    assert set_.param_groups[0]["betas"] == (0.95, 0.98)
+
+
+@pytest.mark.parametrize(
+    ("kw", "needle"),
+    [
+        (dict(name="adamw", betas=[0.9]), "optimizer.betas=[0.9]: adamw takes 2"),
+        (dict(name="adamw", betas=[0.9, 1.5]), "optimizer.betas=1.5: must be in [0, 1)"),
+        (dict(name="sgd", momentum=-0.9), "optimizer.momentum=-0.9"),
+        (dict(name="adamw", weight_decay=-1.0), "optimizer.weight_decay=-1.0"),
+    ],
+)
+def test_out_of_range_optimizer_values_fail_with_the_config(kw, needle):
+    with pytest.raises(UserError, match=re.escape(needle)):
+        opt_cfg(**kw)
+
+
+def test_weight_decay_exclusions_survive_the_compile_wrap():
+    """timm matches no_weight_decay() names (a ViT's pos_embed, cls_token); compile's wrapper
+    prefixes every name with _orig_mod. (DDP's with module.): the optimizer sees the bare model."""
+    vit = build_model(ModelConfig(name="test_vit"), 10)
+    parts = build_train_parts(
+        ModelConfig(name="test_vit"), opt_cfg(name="adamw", lr=1e-3, weight_decay=0.05),
+        sched_cfg(name="cosine"), TrainerConfig(compile=True, amp="off"), seed=0, dist=DistInfo(0, 0, 1),
+        device=torch.device("cpu"), num_classes=10, updates_per_epoch=4, global_batch=256, amp_dtype=None,
+    )  # fmt: skip
+    assert hasattr(parts.model, "_orig_mod")
+    names = {id(p): n for n, p in parts.model._orig_mod.named_parameters()}
+    decayed = {names[id(p)] for g in parts.optimizer.param_groups if g["weight_decay"] > 0 for p in g["params"]}
+    assert "pos_embed" in vit.no_weight_decay() and not decayed & {"pos_embed", "cls_token"}, decayed
+
+
 @pytest.mark.parametrize("name", ["cosine", "flat_cos", "linear", "step"])
 def test_schedule_at_start_end_of_warmup_and_last_step(name):
     p = torch.nn.Parameter(torch.zeros(1))
@@ -116,3 +163,15 @@ def test_flat_cos_holds_the_peak_then_anneals_over_the_last_steps():
     assert lrs[40] == pytest.approx(0.1)
     with pytest.raises(UserError, match="scheduler.flat_frac=1.0"):
         build_scheduler(sched_cfg(name="flat_cos", flat_frac=1.0), opt, steps_per_epoch=10, epochs=4)
+
+
+def test_a_min_lr_above_the_peak_fails_and_a_run_long_warmup_is_said(caplog):
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+    with pytest.raises(UserError, match=r"scheduler.min_lr=0.5: above the peak LR 0.1"):
+        build_scheduler(sched_cfg(name="cosine", min_lr=0.5), opt, steps_per_epoch=10, epochs=4)
+    with caplog.at_level("WARNING", logger="dali_train"):
+        build_scheduler(sched_cfg(name="cosine", warmup_epochs=1), opt, steps_per_epoch=10, epochs=1)
+    assert "scheduler.warmup_epochs=1 spans the whole run (trainer.epochs=1)" in caplog.text
+    for key, value in (("decay_epochs", 0.0), ("decay_rate", 1.5)):
+        with pytest.raises(UserError, match=f"scheduler.{key}={value}"):
+            sched_cfg(name="step", **{key: value})
