@@ -85,6 +85,8 @@ class DataConfig:
     def __post_init__(self) -> None:
         must_be_one_of("data.train_transform", self.train_transform, TRAIN_TRANSFORMS)
         must_be_one_of("data.val_resize_mode", self.val_resize_mode, VAL_RESIZE_MODES)
+        if self.val_resize < self.val_size:  # DALI cannot crop outside the image; torchvision would pad zeros
+            raise UserError(f"data.val_resize={self.val_resize}: below data.val_size={self.val_size}; the crop is cut from it")
 
 
 # --- model ------------------------------------------------------------------------------------

@@ -5,7 +5,9 @@
 
 DST/train/<class>/ and DST/val/<class>/ get symbolic links to SRC/train/<class>/ files: a seeded
 `fraction` of each class goes to DST/val, the rest to DST/train. SRC/val is never read. Train on
-DST with `data.root=DST`, pick the settings, then run them once on SRC.
+DST with `data.root=DST`, pick the settings, then run them once on SRC. Files are listed as
+train.py lists them; names that lead to one file (a link farm's copies) stay on one side, so no
+held-out image is also trained on.
 """
 
 from __future__ import annotations
@@ -16,14 +18,14 @@ import random
 import sys
 from pathlib import Path
 
-from dali_train.data.folder import IMAGE_EXTENSIONS
+from dali_train.data.folder import list_images
 
 
 def split_class(files: list[str], fraction: float, rng: random.Random) -> tuple[list[str], list[str]]:
-    """(train, held out): at least one file on each side when the class has two or more."""
+    """(train, held out) of distinct files: at least one on each side (the class has two or more)."""
     shuffled = sorted(files)
     rng.shuffle(shuffled)
-    n_out = min(max(round(len(shuffled) * fraction), 1), len(shuffled) - 1) if len(shuffled) > 1 else 0
+    n_out = min(max(round(len(shuffled) * fraction), 1), len(shuffled) - 1)
     return sorted(shuffled[n_out:]), sorted(shuffled[:n_out])
 
 
@@ -43,13 +45,23 @@ def main(argv: list[str] | None = None) -> int:
         sys.exit(f"error: {args.dst}: exists; choose a new folder")
     rng = random.Random(args.seed)
     counts = {"train": 0, "val": 0}
-    for cls in sorted(e.name for e in os.scandir(train) if e.is_dir() and not e.name.startswith(".")):
-        files = [e.name for e in os.scandir(train / cls) if e.name.lower().endswith(IMAGE_EXTENSIONS)]
-        for split, names in zip(("train", "val"), split_class(files, args.fraction, rng), strict=True):
-            (args.dst / split / cls).mkdir(parents=True, exist_ok=True)
-            for name in names:
-                os.symlink((train / cls / name).resolve(), args.dst / split / cls / name)
-            counts[split] += len(names)
+    classes = sorted(e.name for e in os.scandir(train) if e.is_dir() and not e.name.startswith("."))
+    plan = {}  # checked for every class before any link is made
+    for cls in classes:
+        names_of: dict[str, list[str]] = {}  # a distinct file -> its names in the class folder
+        for name in list_images(train / cls)[0]:
+            names_of.setdefault(os.path.realpath(train / cls / name), []).append(name)
+        if len(names_of) < 2:
+            sys.exit(f"error: {train / cls}: {len(names_of)} distinct image(s); holding one out needs 2 or more")
+        kept, held_out = split_class(list(names_of), args.fraction, rng)
+        plan[cls] = {"train": [(t, names_of[t]) for t in kept], "val": [(t, names_of[t]) for t in held_out]}
+    for cls in classes:
+        for split, targets in plan[cls].items():
+            (args.dst / split / cls).mkdir(parents=True)
+            for target, names in targets:
+                for name in names:
+                    os.symlink(target, args.dst / split / cls / name)
+                counts[split] += len(names)
     print(f"{args.dst}: {counts['train']} train / {counts['val']} held-out links from {train}")
     return 0
 

@@ -101,6 +101,7 @@ def test_a_key_of_another_option_fails_at_composition_like_a_typo(hydra_conf, ov
         (["scheduler=flat_cos", "scheduler.flat_frac=1.0"], "scheduler.flat_frac=1.0: must be in [0, 1)"),
         (["data.val_resize_mode=long"], "data.val_resize_mode=long: unknown; choose one of shorter, whole"),
         (["trainer.mixup_alpha=0.2", "loader.batch_size=3"], "loader.batch_size=3: Mixup/CutMix needs an even"),
+        (["data.val_resize=32", "data.val_size=48"], "data.val_resize=32: below data.val_size=48"),
         (["trainer.epochs_per_job=0"], "trainer.epochs_per_job=0: must be at least 1"),
         (["trainer.label_smoothing=1.5"], "trainer.label_smoothing=1.5: must be in [0, 1)"),
         (["trainer.mixup_alpha=-1"], "trainer.mixup_alpha=-1.0: must be at least 0"),

@@ -117,7 +117,7 @@ class DaliLoader:
         except RuntimeError as e:  # not a file's fault: say what DALI says, in one line
             what = "train" if self.train else "val"
             raise DatasetError(f"DALI could not build the {what} pipeline over {self.split.root}: "
-                               f"{str(e).strip().splitlines()[0]}") from None  # fmt: skip
+                               f"{dali_reason(e)}") from None  # fmt: skip
         finally:
             if list_file is not None:
                 list_file.close()
@@ -191,6 +191,16 @@ class DaliLoader:
         )
         where = f"epoch {self.epoch}, batch {self.start_step + done}" if self.train else f"validation batch {done}"
         return DatasetError(f"DALI could not decode {what} ({where}); {EXCLUDE_HINT}")
+
+
+def dali_reason(e: RuntimeError) -> str:
+    """The line of a DALI error that says what went wrong ("Assert on ... failed: ..."), not its
+    first line, which is only "Critical error when building pipeline:"."""
+    lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()]
+    for line in lines:
+        if "Assert on" in line or line.startswith("Invalid") or "rror:" in line:
+            return line
+    return lines[0] if lines else type(e).__name__
 
 
 def _is_pipeline_error(e: RuntimeError) -> bool:

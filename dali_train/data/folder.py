@@ -37,6 +37,8 @@ class DatasetError(UserError):
     """A problem with the dataset folder that the user must fix; its text is one line."""
 
 
+EXCLUDED_BY_LIST = "in data.exclude_list"  # a skipped file's reason
+
 # The fix for a file a loader could not decode mid-run (both loaders say it the same way).
 EXCLUDE_HINT = (
     "list it in a file passed as data.exclude_list= (scripts/scan_dataset.py writes one) and resume with trainer.resume="
@@ -178,13 +180,22 @@ def list_images(class_dir: Path) -> tuple[list[str], list[str]]:
     return sorted(names), sorted(dangling)
 
 
-def read_exclude_list(path: str) -> set[str]:
-    """Paths relative to data.root, one per line; `#` starts a comment."""
+def read_exclude_list(path: str, root: Path) -> set[str]:
+    """Paths relative to data.root, one per line (a line starting with `#` is a comment; file names
+    may hold `#`). A path as a loader's error names it (absolute, or with data.root in front) is
+    taken relative to `root`, so an error's path can be pasted in as it is."""
     p = Path(path)
     if not p.is_file():
         raise DatasetError(f"data.exclude_list={path}: no such file")
-    lines = (line.split("#", 1)[0].strip() for line in p.read_text().splitlines())
-    return {line for line in lines if line}
+    entries = set()
+    for line in p.read_text().splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        if not line.startswith(("train/", "val/")):
+            line = os.path.relpath(os.path.abspath(line), os.path.abspath(root))
+        entries.add(line)
+    return entries
 
 
 def scan_split(
@@ -208,7 +219,7 @@ def scan_split(
         for n in names:
             rel = f"{split}/{c}/{n}"
             if rel in exclude:
-                excluded.append((str(split_dir / c / n), "in data.exclude_list"))
+                excluded.append((str(split_dir / c / n), EXCLUDED_BY_LIST))
                 continue
             files.append(str(split_dir / c / n))
             labels.append(index[c])
@@ -240,10 +251,15 @@ def scan_dataset(root: str, *, exclude_list: str | None = None, verify: bool = T
         raise DatasetError(f"data.root={root}: no such folder")
     if not any(path.iterdir()):
         raise DatasetError(f"data.root={root}: the folder is empty; expected train/<class>/ and val/<class>/")
-    exclude = frozenset(read_exclude_list(exclude_list)) if exclude_list else frozenset()
+    exclude = frozenset(read_exclude_list(exclude_list, path)) if exclude_list else frozenset()
     classes = list_classes(path / "train")
     train = scan_split(path, "train", classes, exclude=exclude, verify=verify)
     val = scan_split(path, "val", classes, exclude=exclude, verify=verify)
+    listed = {os.path.relpath(f, path) for f, why in train.excluded + val.excluded if why == EXCLUDED_BY_LIST}
+    unmatched = sorted(exclude - listed)
+    if unmatched:  # a typo here would let the bad file through again: say so
+        shown = ", ".join(unmatched[:3]) + (f" and {len(unmatched) - 3} more" if len(unmatched) > 3 else "")
+        log.warning("data.exclude_list=%s: %d entries match no file of %s: %s", exclude_list, len(unmatched), path, shown)
     dataset = ImageFolderDataset(classes, train, val)
     if verify:
         warn_excluded(dataset)

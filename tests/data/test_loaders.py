@@ -309,3 +309,12 @@ def test_a_pipeline_dali_cannot_build_is_one_line_not_a_decode_error(sample_root
     with pytest.raises(DatasetError, match=r"DALI could not build the train pipeline over .*train: ") as e:
         ld.train.set_epoch(0)
     assert "\n" not in str(e.value) and "could not decode" not in str(e.value)
+
+
+def test_a_build_error_says_dalis_reason_not_its_heading(sample_root):
+    """More ranks than val files: DALI's reader refuses the shards; its reason is in the one line
+    (its first line is only "Critical error when building pipeline:")."""
+    ld = loaders(sample_root, "loader=dali_cpu", *SMALL, rank=1, world=200)
+    with pytest.raises(DatasetError, match=r"DALI could not build the val pipeline over .*val: .*shards: 200") as e:
+        next(iter(ld.val))
+    assert "\n" not in str(e.value)

@@ -233,6 +233,27 @@ def test_split_holdout_takes_a_seeded_share_of_each_class_and_never_val(sample_r
     assert again.returncode != 0 and again.stderr.strip().startswith(f"error: {dst}: exists")
 
 
+def test_split_holdout_keeps_link_copies_together_and_lists_as_train_py_does(tmp_path, capfd):
+    """A link farm's copies of one JPEG never land on both sides (the held-out score would be of
+    trained images); dotfiles are not images; a class of one distinct image is one error line."""
+    farm = tmp_path / "farm"
+    run_script("scripts/make_synthetic_imagenet.py", "--out", farm, "--classes", 2, "--train-per-class", 5,
+               "--val-per-class", 1, "--width", 64, "--height", 48, "--links", 4, "--workers", 1,
+               capfd=capfd)  # fmt: skip
+    (farm / "train" / "n00000000" / "._x.JPEG").write_bytes(b"macOS metadata")
+    dst = tmp_path / "holdout"
+    run_script("scripts/split_holdout.py", farm, dst, capfd=capfd)
+    sides = {side: {p.resolve() for p in dst.glob(f"{side}/*/*")} for side in ("train", "val")}
+    assert len(sides["train"]) == 8 and len(sides["val"]) == 2 and not sides["train"] & sides["val"]
+    assert len(list(dst.glob("train/*/*"))) == 32 and not list(dst.glob("*/*/._*"))  # 4 names per JPEG
+    assert len(scan_dataset(str(dst), verify=True).val) == 8
+    for extra in (farm / "train" / "n00000001").iterdir():
+        if os.path.realpath(extra) != os.path.realpath(next(iter(sorted((farm / "train" / "n00000001").iterdir())))):
+            extra.unlink()
+    single = run_script("scripts/split_holdout.py", farm, tmp_path / "h2", capfd=capfd, check=False)
+    assert single.returncode != 0 and "n00000001: 1 distinct image(s)" in single.stderr and not (tmp_path / "h2").exists()
+
+
 def test_make_synthetic_imagenet_links_make_long_epochs(tmp_path, capfd):
     out = tmp_path / "farm"
     proc = run_script("scripts/make_synthetic_imagenet.py", "--out", out, "--classes", 2, "--train-per-class", 3,
