@@ -45,6 +45,7 @@ class MetricsWriter:
     def __init__(self, run_dir: Path, enabled: bool) -> None:
         self.enabled, self.run_dir = enabled, run_dir
         self.started = time.perf_counter()  # metrics.jsonl's wall_time_s: time to accuracy
+        self.earlier_jobs_s = 0.0  # a resumed run's time up to its checkpoint (set by drop_after)
         self._tb = None
         self._steps = None  # steps.jsonl, opened on first use
         if enabled:
@@ -69,7 +70,8 @@ class MetricsWriter:
 
     def drop_after(self, next_epoch: int, global_step: int) -> None:
         """On resume in the same run dir: drop the rows of work after the checkpoint (a kill between
-        a log row and last.pt), which the resumed run logs again."""
+        a log row and last.pt), which the resumed run logs again; wall_time_s then goes on from the
+        last kept epoch's (the time between jobs, and work redone after a mid-epoch save, aside)."""
         if not self.enabled:
             return
         for name, key, limit in (("metrics.jsonl", "epoch", next_epoch - 1), ("steps.jsonl", "step", global_step)):
@@ -77,6 +79,8 @@ class MetricsWriter:
             if path.is_file():
                 lines = path.read_text().splitlines(keepends=True)
                 kept = [line for line in lines if line.strip() and json.loads(line)[key] <= limit]
+                if name == "metrics.jsonl" and kept:
+                    self.earlier_jobs_s = json.loads(kept[-1]).get("wall_time_s") or 0.0
                 if len(kept) != len(lines):
                     path.write_text("".join(kept))
                     logging.getLogger("dali_train").info(
@@ -116,7 +120,7 @@ class MetricsWriter:
                 "data_wait_frac": stats.data_wait_frac,
                 "lr": lr,
                 "next_epoch_wait_s": next_wait_s,
-                "wall_time_s": time.perf_counter() - self.started,  # since this job started
+                "wall_time_s": self.earlier_jobs_s + time.perf_counter() - self.started,  # since the run started
             }
         )
         points = {"train/epoch_loss": stats.loss}

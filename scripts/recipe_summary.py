@@ -23,6 +23,11 @@ def time_to(rows: list[dict], mark: float) -> float | None:
     return next((r["wall_time_s"] for r in rows if r["val_top1"] is not None and r["val_top1"] >= mark), None)
 
 
+def read_rows(path: Path) -> list[dict]:
+    """metrics.jsonl's rows; none when the run stopped before its first epoch ended."""
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+
+
 def span(values: list[float | None]) -> str:
     seen = [v for v in values if v is not None]
     if len(seen) < len(values):
@@ -47,14 +52,21 @@ def main(argv: list[str] | None = None) -> int:
             print(f"| {name} | no summary.json in {', '.join(missing)} | | | | |")
             continue
         summaries = [json.loads((r / "summary.json").read_text()) for r in runs]
-        rows = [[json.loads(line) for line in (r / "metrics.jsonl").read_text().splitlines()] for r in runs]
-        top1 = [s["val_top1"] for s in summaries]
-        std = statistics.stdev(top1) if len(top1) > 1 else 0.0
+        rows = [read_rows(r / "metrics.jsonl") for r in runs]
+        # Only completed runs count: one stopped early (a signal, epochs_per_job) is shown, not averaged.
+        done = [s.get("end_state") == "completed" and s.get("val_top1") is not None for s in summaries]
+        top1 = [s["val_top1"] for s, d in zip(summaries, done, strict=True) if d]
+        shown = [
+            f"{s['val_top1']:.2f}" if d else f"{s.get('val_top1') or 0:.2f} ({s.get('end_state', 'no end_state')})"
+            for s, d in zip(summaries, done, strict=True)
+        ]
+        mean = f"{statistics.mean(top1):.2f} ± {statistics.stdev(top1) if len(top1) > 1 else 0.0:.2f}" if top1 else "–"
+        # A resumed run's summary.json times its last job only; metrics.jsonl's times run from its start.
+        wall = [max(s.get("wall_time_s") or 0.0, r[-1]["wall_time_s"] if r else 0.0) for s, r in zip(summaries, rows, strict=True)]
         reached = " / ".join(span([time_to(r, m) for r in rows]) for m in args.marks)
         print(
-            f"| {name} | {', '.join(f'{t:.2f}' for t in top1)} | {statistics.mean(top1):.2f} ± {std:.2f} "
-            f"| {sorted({s['val_samples'] for s in summaries})} | {span([s['wall_time_s'] for s in summaries])} "
-            f"| {reached} |"
+            f"| {name} | {', '.join(shown)} | {mean} | {sorted({s.get('val_samples') for s in summaries}, key=str)} "
+            f"| {span(wall)} | {reached} |"
         )
     return 0
 

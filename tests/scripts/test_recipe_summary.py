@@ -34,3 +34,26 @@ def test_seeds_of_a_recipe_become_one_row_with_time_to_accuracy(small_root, tmp_
     assert "[50]" in row  # val_samples of every seed
     first_validated = sorted([rows[0][0]["wall_time_s"], rows[1][1]["wall_time_s"]])
     assert f"{first_validated[0]:.0f}–{first_validated[1]:.0f} s / –" in row  # 0% when first validated; 101% never
+
+
+@pytest.mark.slow
+def test_an_unfinished_seed_is_marked_and_a_resumed_run_times_from_its_start(small_root, tmp_path):
+    """Seed 1 stops after job 1 of 2 (epochs_per_job): shown with its end_state, out of the mean.
+    Seed 0 runs in two jobs: its epoch-1 wall_time_s goes on from epoch 0's, not from zero."""
+    common = [*TINY, f"data.root={small_root}", "trainer.epochs=2", "trainer.epochs_per_job=1"]
+    runs = [tmp_path / f"tiny_s{seed}" for seed in (0, 1)]
+    for seed, run in enumerate(runs):
+        run_inprocess([*common, f"seed={seed}"], run)
+    resumed = run_inprocess([*common, "seed=0", "trainer.resume=auto"], runs[0])
+    rows = [json.loads(line) for line in (runs[0] / "metrics.jsonl").read_text().splitlines()]
+    assert rows[1]["wall_time_s"] > rows[0]["wall_time_s"] + resumed.summary["wall_time_s"] * 0.5
+    (runs[1] / "metrics.jsonl").unlink()  # as a run stopped before its first epoch ended leaves it
+    out = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "recipe_summary.py"), *map(str, runs)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    row = out.splitlines()[-1]
+    top1 = resumed.summary["val_top1"]
+    assert f"| {top1:.2f}, " in row and "(job done)" in row and f"| {top1:.2f} ± 0.00 |" in row, row
