@@ -9,12 +9,15 @@ of the shorter side (or the whole image, squished) then center crop.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator
 
 import torch
+from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 from torchvision import transforms as T
 from torchvision.datasets.folder import default_loader
+from torchvision.transforms import functional as TF
 
 from dali_train.data.folder import EXCLUDE_HINT, DatasetError, Split
 from dali_train.data.order import contiguous_shard, epoch_order, steps_per_epoch
@@ -57,15 +60,31 @@ def train_transform(size: int, t: Transform) -> Callable:
     )
 
 
+class ValResizeCrop:
+    """Resize (shorter side, or the whole image squished) then center crop, with DALI's rounding:
+    the long side and a half-pixel crop offset round half up (torchvision's Resize truncates the long
+    side and CenterCrop rounds half to even: a 1-pixel shift on most 500×375 ImageNet images)."""
+
+    def __init__(self, t: Transform) -> None:
+        self.resize, self.size, self.whole = t.val_resize, t.val_size, t.val_resize_whole
+
+    def __call__(self, image: Image.Image) -> Image.Image:
+        w, h = image.size
+        if self.whole:
+            w, h = self.resize, self.resize
+        elif w < h:
+            w, h = self.resize, math.floor(h * self.resize / w + 0.5)
+        else:
+            w, h = math.floor(w * self.resize / h + 0.5), self.resize
+        image = TF.resize(image, [h, w], interpolation=T.InterpolationMode.BILINEAR, antialias=True)
+        top, left = math.floor((h - self.size) / 2 + 0.5), math.floor((w - self.size) / 2 + 0.5)
+        return TF.crop(image, top, left, self.size, self.size)
+
+
 def val_transform(t: Transform) -> Callable:
     return T.Compose(
         [
-            T.Resize(
-                (t.val_resize, t.val_resize) if t.val_resize_whole else t.val_resize,
-                interpolation=T.InterpolationMode.BILINEAR,
-                antialias=True,
-            ),
-            T.CenterCrop(t.val_size),
+            ValResizeCrop(t),
             T.PILToTensor(),
             T.ConvertImageDtype(torch.float32),
             T.Normalize(t.mean, t.std),

@@ -8,10 +8,12 @@ import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
+from PIL import Image
 
 from dali_train.config import load_config, register_configs
 from dali_train.data import DatasetError, NextEpoch, build_loaders, progressive_size
@@ -111,6 +113,27 @@ def test_train_step_counts_match_across_ranks_and_cover_the_set(small_root, worl
     assert len(set(steps)) == 1 and steps[0] == len(ld.train)
     per_class = torch.bincount(torch.tensor(labels), minlength=10)
     assert per_class.min() >= 12  # 12 train files per class: every one seen, a few twice
+
+
+@pytest.mark.parametrize("shape", [(375, 500), (500, 357), (224, 300)])  # ImageNet-like; long sides 341, 359, 343
+@pytest.mark.parametrize("sizes", [("256", "224"), ("73", "64")])  # crop offsets 58.5 / 4.5 px: half a pixel
+def test_dali_cpu_and_pytorch_val_resize_and_crop_to_the_same_pixels(tmp_path, shape, sizes):
+    """An image of distinct columns and rows, val-resized and center-cropped by both loaders: the
+    same geometry (long side, crop offset), so the same pixels up to the resize filters' differences.
+    A 1-pixel shift (torchvision's truncated long side, round-half-to-even offset) moves every
+    pixel of the waves by 2.7 levels or more (the least steep case, 500 -> 341 px)."""
+    h, w = shape
+    rows, cols = np.mgrid[0:h, 0:w]
+    image = np.stack([np.abs((rows * 4) % 500 - 250), np.abs((cols * 4) % 500 - 250), rows * 0 + 128], -1)
+    image = image.astype(np.uint8)  # triangle waves of 4 levels per pixel along each axis
+    for split in ("train", "val"):
+        (tmp_path / split / "c").mkdir(parents=True)
+        Image.fromarray(image).save(tmp_path / split / "c" / "x.png")
+    over = [f"data.val_resize={sizes[0]}", f"data.val_size={sizes[1]}", "loader.batch_size=1"]
+    (xa, _), (xb, _) = (
+        next(iter(loaders(tmp_path, f"loader={name}", *over, *workers(name, 0)).val)) for name in ("dali_cpu", "pytorch")
+    )
+    assert (xa - xb).abs().mean().item() < 1 / 255 / 0.224  # in normalized units: one 8-bit level
 
 
 def test_dali_cpu_and_pytorch_val_tensors_agree(imagenette_mini):
