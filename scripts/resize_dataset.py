@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -28,15 +29,19 @@ def resize_one(job: tuple[str, str, int, int]) -> str | None:
     if os.path.exists(dst):
         return None
     try:
+        os.makedirs(os.path.dirname(dst), exist_ok=True)
+        tmp = dst + ".tmp"
         with Image.open(src) as im:
-            im = im.convert("RGB")
-            if max(im.size) > max_side:
-                scale = max_side / max(im.size)
-                im = im.resize((max(1, round(im.width * scale)), max(1, round(im.height * scale))), Image.LANCZOS)
-            os.makedirs(os.path.dirname(dst), exist_ok=True)
-            tmp = dst + ".tmp"
-            im.save(tmp, format="JPEG", quality=quality)
-            os.replace(tmp, dst)
+            if max(im.size) <= max_side and im.format == "JPEG":
+                im.load()  # decodes (a bad file is reported); small enough: its bytes, no second JPEG loss
+                shutil.copyfile(src, tmp)
+            else:
+                im = im.convert("RGB")
+                if max(im.size) > max_side:
+                    scale = max_side / max(im.size)
+                    im = im.resize((max(1, round(im.width * scale)), max(1, round(im.height * scale))), Image.LANCZOS)
+                im.save(tmp, format="JPEG", quality=quality)
+        os.replace(tmp, dst)
     except Exception as e:  # noqa: BLE001 - report any undecodable file, keep going
         return f"{src}: {type(e).__name__}: {e}"
     return None

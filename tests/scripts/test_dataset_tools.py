@@ -141,11 +141,14 @@ def test_resize_dataset_keeps_layout_and_caps_the_side(tmp_path):
         (src / split / "c").mkdir(parents=True)
         synthetic_image(0, split, 0, 0, 2, 400, 300, 5).save(src / split / "c" / "x.JPEG")
     Image.new("RGB", (50, 40)).save(src / "train" / "c" / "small.png")
+    synthetic_image(0, "train", 0, 1, 2, 100, 80, 5).save(src / "train" / "c" / "small.JPEG")
     script("resize_dataset.py", src, tmp_path / "dst", "--max-side", 128, "--workers", 2)
     with Image.open(tmp_path / "dst" / "train" / "c" / "x.JPEG") as im:
         assert im.size == (128, 96) and im.format == "JPEG"
     with Image.open(tmp_path / "dst" / "train" / "c" / "small.png") as im:
-        assert im.size == (50, 40)
+        assert im.size == (50, 40) and im.format == "JPEG"
+    # a JPEG already within the side is copied, not re-encoded (no second generation of loss)
+    assert (tmp_path / "dst" / "train" / "c" / "small.JPEG").read_bytes() == (src / "train" / "c" / "small.JPEG").read_bytes()
     assert (tmp_path / "dst" / "val" / "c" / "x.JPEG").is_file()
 
 
