@@ -80,6 +80,8 @@ def summarize(events: list[dict]) -> str:
         if a > prev:
             model_gaps.append((prev, a))
         prev = b
+    if end > prev:  # the window's tail, after the model stream's last kernel
+        model_gaps.append((prev, end))
     lines = [
         f"window {window / 1e3:.1f} ms (first to last GPU activity); GPU idle (no stream busy) "
         f"{(window - _length(everything)) / 1e3:.1f} ms = {1 - _length(everything) / window:.1%}",

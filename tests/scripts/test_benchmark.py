@@ -59,6 +59,10 @@ def test_profile_summary_measures_idle_overlap_and_host_waits():
     assert "CUDA API thread 2: cudaDeviceSynchronize x1, 0.5 ms" in text and "CUDA API main: launch x1" in text
     assert "stream 9: 1 kernels/copies, busy 0.4 ms (40.0%); top: resize 0.4 ms" in text
     assert summarize([]).startswith("no GPU activity")
+    # the model stream's idle tail (its last kernel ends at 60 us, the loader's at 100 us) counts too
+    tail = summarize([_kernel(7, 0, 60, "conv"), _kernel(9, 60, 40, "resize")])
+    assert "busy 60.0%; its idle time 0.0 ms, of which other streams busy 0.0 ms" in tail  # 40 us, rounded
+    assert "longest 0.04 ms" in tail
 
 
 @pytest.mark.slow
