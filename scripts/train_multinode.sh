@@ -7,9 +7,10 @@
 # so the nodes read disjoint files; all ranks use rank 0's run-dir name (one folder on a shared FS).
 set -euo pipefail
 NNODES=${NNODES:?number of nodes}
-NODE_RANK=${NODE_RANK:?this node's index, 0..NNODES-1}
+NODE_RANK=${NODE_RANK:?the index of this node, 0..NNODES-1}
 MASTER=${MASTER:?host:port of the rendezvous (node 0)}
-NPROC=${NPROC:-$(nvidia-smi -L 2>/dev/null | wc -l || echo 1)}
+NPROC=${NPROC:-$(nvidia-smi -L 2>/dev/null | grep -c GPU || true)}  # GPUs of this node
+[ "${NPROC:-0}" -gt 0 ] || NPROC=1
 RDZV_ID=${RDZV_ID:-dali-train}
 cd "$(dirname "$0")/.."
 exec torchrun --nnodes="$NNODES" --node_rank="$NODE_RANK" --nproc_per_node="$NPROC" \

@@ -173,3 +173,24 @@ def test_two_nodes_on_localhost_read_disjoint_shards_that_cover_the_dataset(tmp_
     assert not train[0] & train[1] and train[0] | train[1] == set(range(24))
     assert len(ranks[0]["train"]) == len(ranks[1]["train"]) == 12
     assert ranks[0]["val"] + ranks[1]["val"] == list(range(24))  # contiguous val shards, each file once
+
+
+def test_train_multinode_sh_runs_two_nodes_on_localhost(small_root, tmp_path):
+    """The README's multi-node command, as written, on two "nodes" of one CPU process each; with
+    no nvidia-smi the script's NPROC falls back to 1."""
+    port, run = free_port(), tmp_path / "run"
+    train = [*TINY, f"data.root={small_root}", "trainer.epochs=1", "trainer.max_steps_per_epoch=2", f"hydra.run.dir={run}"]
+    procs = [
+        subprocess.Popen(
+            ["bash", str(REPO / "scripts" / "train_multinode.sh"), *train],
+            env={**launch_env(), "NNODES": "2", "NODE_RANK": str(node), "MASTER": f"127.0.0.1:{port}",
+                 "PATH": "/usr/bin:/bin:" + str(Path(sys.executable).parent)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )  # fmt: skip
+        for node in (0, 1)
+    ]
+    outputs = [p.communicate(timeout=300)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [o[-2000:] for o in outputs]
+    assert read_json(run / "summary.json")["world_size"] == 2
