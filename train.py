@@ -25,6 +25,7 @@ from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from timm.utils import distribute_bn
 
@@ -299,6 +300,19 @@ def train(cfg: DictConfig, dist: DistInfo, run_dir: Path, writer: MetricsWriter,
 
 
 _task_started = False  # composition errors happen before it; see __main__
+_failed_jobs: list[str] = []  # a multirun's jobs that ended with an error, for its exit code
+
+
+def _end_job(code: int, message: str) -> float:
+    """A run that ended with an error: exit with its code, except in a one-process multirun, where
+    the other jobs still run (the job's NaN marks a failed trial for Optuna) and the sweep exits
+    with the code at its end. A signal (preemption) or a multi-process job still ends the sweep."""
+    multirun = HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+    if not (multirun and code == EXIT_USER and int(os.environ.get("WORLD_SIZE", 1)) == 1):
+        shutdown()
+        sys.exit(code)
+    _failed_jobs.append(f"job {HydraConfig.get().job.num}: {message}")
+    return float("nan")
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
@@ -313,12 +327,11 @@ def main(cfg: DictConfig) -> float:
     except UserError as e:  # before the run dir: no summary
         log.error("%s", e)
         print(f"error: {e}", file=sys.stderr)
-        sys.exit(EXIT_USER)
+        return _end_job(EXIT_USER, str(e))
     except RunEnded as e:
         if e.ending.exit_code == EXIT_USER:
             print(f"error: {e.ending.message}", file=sys.stderr)
-        shutdown()
-        sys.exit(e.ending.exit_code)
+        return _end_job(e.ending.exit_code, e.ending.message)
 
 
 if __name__ == "__main__":
@@ -338,4 +351,7 @@ if __name__ == "__main__":
         if _task_started or hydra_traceback:  # a bug in the run: its traceback follows
             raise
         print(f"error: {composition_error_line(e)}", file=sys.stderr)
+        sys.exit(EXIT_USER)
+    if _failed_jobs:  # a multirun whose every job ran, some with an error
+        print(f"error: {len(_failed_jobs)} job(s) of the sweep failed; " + "; ".join(_failed_jobs), file=sys.stderr)
         sys.exit(EXIT_USER)

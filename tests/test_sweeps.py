@@ -61,6 +61,21 @@ def test_multirun_two_points_each_with_outputs_and_a_summary_table(small_root, t
     assert listed == sorted(listed, reverse=True)
 
 
+def test_a_failed_job_does_not_end_the_sweep(small_root, tmp_path, capfd):
+    """Job 0 diverges (LR 1e5): job 1 still runs, the summary lists both with their end_state, and
+    the sweep exits 2 with one line naming the failed job."""
+    sweep = tmp_path / "sweep"
+    proc = run_script(
+        "train.py", "-m", *TINY, f"data.root={small_root}", "trainer.epochs=2", "optimizer.lr=1e5,0.1",
+        f"hydra.sweep.dir={sweep}", capfd=capfd, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    states = {r["overrides"]: r["end_state"] for r in csv.DictReader(open(sweep / "sweep_summary.csv"))}
+    assert states["optimizer.lr=0.1"] == "completed" and states["optimizer.lr=100000.0"].startswith("diverged"), states
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: 1 job(s) of the sweep failed; job 0: ") and "NaN" in last, last
+
+
 def test_a_job_that_ended_early_is_marked_and_left_out_of_the_mean_over_seeds(tmp_path):
     """A sweep dir as train.py -m leaves it, where seed 1 of one setting was stopped by a signal:
     its top-1 is listed with its end_state, and the setting's mean is over the completed seed."""
