@@ -329,7 +329,8 @@ class Checkpointer:
         except (ValueError, KeyError) as e:
             raise CheckpointError(
                 f"trainer.resume={path}: its optimizer state does not fit this run's parameter groups "
-                f"(optimizer.no_wd_norm_bias changed?): {e}"
+                "(optimizer.no_wd_norm_bias changed? or a model with no_weight_decay() names, a ViT say, "
+                f"saved under torchrun or compile before dali-train kept its weight-decay groups there): {e}"
             ) from None
         for group, settings in zip(optimizer.param_groups, current, strict=True):
             group.update(settings)

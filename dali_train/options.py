@@ -136,7 +136,7 @@ class SgdConfig(OptimizerConfig):
 class TimmOptimizerConfig(OptimizerConfig):
     """optimizer=adamw / lamb / ranger, or any timm optimizer by `name`."""
 
-    betas: list[float] | None = None  # for optimizers with betas (adam family, lamb); null = the optimizer's own
+    betas: list[float] | None = None  # for optimizers with betas (others ignore it); null = the optimizer's own
     eps: float | None = None  # for optimizers with an eps term; null = the optimizer's own
     kwargs: dict[str, Any] = field(default_factory=dict)  # more arguments of the timm optimizer (rmsprop: momentum...)
 
@@ -156,10 +156,12 @@ class TimmOptimizerConfig(OptimizerConfig):
         if self.betas is not None:
             from timm.optim import get_optimizer_info
 
-            info = get_optimizer_info(base)
-            if not info.has_betas or len(self.betas) != info.num_betas:
-                takes = f"takes {info.num_betas}" if info.has_betas else "takes none"
-                raise UserError(f"optimizer.betas={list(self.betas)}: {self.name} {takes}")
+            info = get_optimizer_info(base)  # one without betas ignores them (ranger.yaml's, with another name)
+            if info.has_betas and len(self.betas) != info.num_betas:
+                raise UserError(
+                    f"optimizer.betas={list(self.betas)}: {self.name} takes {info.num_betas} "
+                    "(or optimizer.betas=null for its own)"
+                )
             for beta in self.betas:
                 must_be_in("optimizer.betas", beta, 0, 1)
         if self.eps is not None:

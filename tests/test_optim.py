@@ -80,12 +80,15 @@ def test_an_unset_betas_or_eps_is_the_optimizers_own():
     assert len(adan["betas"]) == 3
     set_ = build_optimizer(opt_cfg(name="lion", lr=1e-4, betas=[0.95, 0.98]), model, global_batch=256)
     assert set_.param_groups[0]["betas"] == (0.95, 0.98)
+    # ranger.yaml's betas with the name of an optimizer without betas: ignored, as before
+    sgdp = build_optimizer(opt_cfg(name="lookahead_sgdp", lr=0.1, betas=[0.95, 0.99]), model, global_batch=256)
+    assert "betas" not in sgdp.param_groups[0]
 
 
 @pytest.mark.parametrize(
     ("kw", "needle"),
     [
-        (dict(name="adamw", betas=[0.9]), "optimizer.betas=[0.9]: adamw takes 2"),
+        (dict(name="adamw", betas=[0.9]), "optimizer.betas=[0.9]: adamw takes 2 (or optimizer.betas=null for its own)"),
         (dict(name="adamw", betas=[0.9, 1.5]), "optimizer.betas=1.5: must be in [0, 1)"),
         (dict(name="sgd", momentum=-0.9), "optimizer.momentum=-0.9"),
         (dict(name="adamw", weight_decay=-1.0), "optimizer.weight_decay=-1.0"),
