@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import multiprocessing as mp
 import os
+import re
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -180,21 +181,24 @@ def list_images(class_dir: Path) -> tuple[list[str], list[str]]:
     return sorted(names), sorted(dangling)
 
 
-def read_exclude_list(path: str, root: Path) -> set[str]:
-    """Paths relative to data.root, one per line (a line starting with `#` is a comment; file names
-    may hold `#`). A path as a loader's error names it (absolute, or with data.root in front) is
-    taken relative to `root`, so an error's path can be pasted in as it is."""
+def read_exclude_list(path: str, root: Path) -> dict[str, set[str]]:
+    """Each entry (a line; one starting with `#` is a comment) -> the root-relative paths it may
+    mean: the line itself (file names may hold `#`), the line without a trailing `  # comment`,
+    and a path as a loader's error names it (absolute, or with data.root in front, or through the
+    root's symlinks), taken relative to `root`. So an error's path can be pasted in as it is."""
     p = Path(path)
     if not p.is_file():
         raise DatasetError(f"data.exclude_list={path}: no such file")
-    entries = set()
+    entries: dict[str, set[str]] = {}
     for line in p.read_text().splitlines():
         line = line.strip()
         if not line or line.startswith("#"):
             continue
-        if not line.startswith(("train/", "val/")):
-            line = os.path.relpath(os.path.abspath(line), os.path.abspath(root))
-        entries.add(line)
+        meanings = set()
+        for text in {line, re.split(r"\s+#", line, maxsplit=1)[0]}:
+            meanings |= {text, os.path.relpath(os.path.abspath(text), os.path.abspath(root))}
+            meanings.add(os.path.relpath(os.path.realpath(text), os.path.realpath(root)))
+        entries[line] = {m for m in meanings if m.startswith(("train/", "val/"))}
     return entries
 
 
@@ -251,12 +255,13 @@ def scan_dataset(root: str, *, exclude_list: str | None = None, verify: bool = T
         raise DatasetError(f"data.root={root}: no such folder")
     if not any(path.iterdir()):
         raise DatasetError(f"data.root={root}: the folder is empty; expected train/<class>/ and val/<class>/")
-    exclude = frozenset(read_exclude_list(exclude_list, path)) if exclude_list else frozenset()
+    entries = read_exclude_list(exclude_list, path) if exclude_list else {}
+    exclude = frozenset(m for meanings in entries.values() for m in meanings)
     classes = list_classes(path / "train")
     train = scan_split(path, "train", classes, exclude=exclude, verify=verify)
     val = scan_split(path, "val", classes, exclude=exclude, verify=verify)
     listed = {os.path.relpath(f, path) for f, why in train.excluded + val.excluded if why == EXCLUDED_BY_LIST}
-    unmatched = sorted(exclude - listed)
+    unmatched = sorted(line for line, meanings in entries.items() if not meanings & listed)
     if unmatched:  # a typo here would let the bad file through again: say so
         shown = ", ".join(unmatched[:3]) + (f" and {len(unmatched) - 3} more" if len(unmatched) > 3 else "")
         log.warning("data.exclude_list=%s: %d entries match no file of %s: %s", exclude_list, len(unmatched), path, shown)
