@@ -218,16 +218,20 @@ def test_a_torchrun_restart_resumes_in_the_same_run_dir(small_root, tmp_path):
     train = args(small_root, "trainer.epochs=3", f"trainer.max_steps_per_epoch={STEPS}", "trainer.resume=auto")
     proc = subprocess.Popen(
         [*cmd, str(REPO / "train.py"), *train], cwd=tmp_path, env=launch_env(), stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE, text=True,
+        stderr=subprocess.PIPE, text=True, start_new_session=True,
     )  # fmt: skip
-    deadline = time.monotonic() + 300
-    while not list(tmp_path.glob("outputs/*/*/checkpoints/last.pt")) and time.monotonic() < deadline:
-        assert proc.poll() is None, proc.stderr.read()[-3000:]
-        time.sleep(0.01)
-    workers = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
-    assert len(workers) == 2, workers
-    os.kill(int(workers[-1]), signal.SIGKILL)  # rank 1 dies; torchrun restarts both
-    _, stderr = proc.communicate(timeout=300)
+    try:
+        deadline = time.monotonic() + 300
+        while not list(tmp_path.glob("outputs/*/*/checkpoints/last.pt")) and time.monotonic() < deadline:
+            assert proc.poll() is None, proc.stderr.read()[-3000:]
+            time.sleep(0.01)
+        workers = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+        assert len(workers) == 2, workers
+        os.kill(int(workers[-1]), signal.SIGKILL)  # rank 1 dies; torchrun restarts both
+        _, stderr = proc.communicate(timeout=300)
+    finally:  # a hung attempt must not outlive the test
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == 0, stderr[-3000:]
     run_dirs = [d for d in tmp_path.glob("outputs/*/*") if d.is_dir()]
     assert len(run_dirs) == 1, run_dirs

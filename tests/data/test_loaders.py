@@ -120,8 +120,9 @@ def test_train_step_counts_match_across_ranks_and_cover_the_set(small_root, worl
 def test_dali_cpu_and_pytorch_val_resize_and_crop_to_the_same_pixels(tmp_path, shape, sizes):
     """An image of distinct columns and rows, val-resized and center-cropped by both loaders: the
     same geometry (long side, crop offset), so the same pixels up to the resize filters' differences.
-    A 1-pixel shift (torchvision's truncated long side, round-half-to-even offset) moves every
-    pixel of the waves by 2.7 levels or more (the least steep case, 500 -> 341 px)."""
+    The geometry of torchvision's Resize and CenterCrop (truncated long side, offsets rounded half
+    to even) moved one channel's mean by 1.7 to 19 levels in these cases; the filters' own
+    difference stays under 1.2 (the 5x downscale to 73 px)."""
     h, w = shape
     rows, cols = np.mgrid[0:h, 0:w]
     image = np.stack([np.abs((rows * 4) % 500 - 250), np.abs((cols * 4) % 500 - 250), rows * 0 + 128], -1)
@@ -133,7 +134,8 @@ def test_dali_cpu_and_pytorch_val_resize_and_crop_to_the_same_pixels(tmp_path, s
     (xa, _), (xb, _) = (
         next(iter(loaders(tmp_path, f"loader={name}", *over, *workers(name, 0)).val)) for name in ("dali_cpu", "pytorch")
     )
-    assert (xa - xb).abs().mean().item() < 1 / 255 / 0.224  # in normalized units: one 8-bit level
+    per_channel = (xa - xb).abs().mean(dim=(0, 2, 3))  # a shift along one axis moves one channel
+    assert per_channel.max().item() < 1.5 / 255 / 0.224, per_channel  # normalized units: 1.5 8-bit levels
 
 
 def test_dali_cpu_and_pytorch_val_tensors_agree(imagenette_mini):
