@@ -84,6 +84,8 @@ def run(cfg: DictConfig) -> float:
         end_run(writer, summary, ending, started)
         raise RunEnded(ending) from None
     end_run(writer, summary, ending, started)
+    if ending.hand_over is not None:  # last.pt and summary.json are written: submitit may requeue now
+        ending.hand_over()
     if ending.exit_code:
         raise RunEnded(ending)
     barrier(dist)
@@ -201,7 +203,7 @@ def train(cfg: DictConfig, dist: DistInfo, run_dir: Path, writer: MetricsWriter,
 
     def signal_ending(where: str) -> Ending:
         signum = stop.signal or signal.SIGTERM
-        return stopped_by_signal(signum, f"signal {signum} {where}; saved {last_pt}")
+        return stopped_by_signal(signum, f"signal {signum} {where}; saved {last_pt}", stop.hand_over)
 
     def validate() -> dict:
         average_ema_bn_stats()

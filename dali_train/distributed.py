@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as torch_dist
@@ -169,18 +170,32 @@ def shutdown() -> None:
         torch_dist.destroy_process_group()
 
 
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2)  # SIGUSR2: SLURM's --signal, submitit's
+
+
 class StopFlag:
-    """Set by SIGTERM/SIGINT; the loop finishes its step, saves last.pt and exits."""
+    """Set by SIGTERM/SIGINT/SIGUSR2; the loop finishes its step, saves last.pt and exits. A handler
+    that was there before (submitit's requeue on SIGUSR2) is kept, to be run once last.pt is saved."""
 
     def __init__(self) -> None:
         self.signal: int | None = None
+        self._before: dict[int, Any] = {}
 
     def install(self) -> None:
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in STOP_SIGNALS:
+            before = signal.getsignal(sig)
+            if callable(before) and not isinstance(getattr(before, "__self__", None), StopFlag):
+                self._before[sig] = before
             signal.signal(sig, self._handle)
 
     def _handle(self, signum, frame) -> None:
         self.signal = signum
+
+    def hand_over(self) -> None:
+        """Run the handler the received signal had before install (submitit's requeue), if any."""
+        before = self._before.get(self.signal)
+        if before is not None:
+            before(self.signal, None)
 
     def agreed(self, dist: DistInfo, device: torch.device) -> bool:
         """True on all ranks if any rank was signalled (a collective: call at the same step on all)."""

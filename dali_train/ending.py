@@ -4,7 +4,7 @@
 |---|---|
 | `completed` | 0 |
 | `job done` (`trainer.epochs_per_job` epochs done, more remain: resume continues) | 0 |
-| `stopped by signal` | 128 + signal number |
+| `stopped by signal` (SIGTERM, SIGINT, SIGUSR2) | 128 + signal number |
 | `diverged at step N` (N: the optimizer update, as in steps.jsonl) | 2 |
 | `disk full`, `bad file`, `out of memory`, `collective timed out`, `error` (any other UserError) | 2 |
 | `crashed` (a bug: the traceback is kept) | 1 |
@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import errno
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -29,6 +30,7 @@ class Ending:
     state: str  # summary.json's end_state
     exit_code: int
     message: str = ""  # one line; empty when completed
+    hand_over: Callable[[], None] | None = None  # run after summary.json is written (submitit's requeue)
 
 
 @dataclass(frozen=True)
@@ -49,8 +51,8 @@ def job_done(epochs_done: int, epochs: int) -> Ending:
     return Ending("job done", 0, f"{epochs_done} of {epochs} epochs done; continue with trainer.resume=auto (or PATH)")
 
 
-def stopped_by_signal(signum: int, message: str) -> Ending:
-    return Ending("stopped by signal", 128 + signum, message)
+def stopped_by_signal(signum: int, message: str, hand_over: Callable[[], None] | None = None) -> Ending:
+    return Ending("stopped by signal", 128 + signum, message, hand_over)
 
 
 def _disk_full(e: BaseException) -> bool:

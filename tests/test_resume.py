@@ -155,6 +155,43 @@ def test_sigterm_finishes_the_step_saves_last_pt_and_exits(small_root, tmp_path)
     assert f"at epoch 0 step {state['next_step']}" in resumed.log
 
 
+# train.py under a SIGUSR2 handler of its own, as submitit installs one (its requeue): the handler
+# records whether the run had saved last.pt and summary.json when it was called.
+UNDER_A_REQUEUE_HANDLER = """
+import json, os, runpy, signal, sys
+run = sys.argv[1]
+def requeue(signum, frame):
+    saved = [os.path.isfile(os.path.join(run, f)) for f in ("checkpoints/last.pt", "summary.json")]
+    open(os.path.join(run, "requeued.json"), "w").write(json.dumps(saved))
+signal.signal(signal.SIGUSR2, requeue)
+sys.argv = sys.argv[2:]
+sys.path.insert(0, os.path.dirname(sys.argv[0]))
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+@pytest.mark.slow
+def test_sigusr2_saves_then_hands_over_to_the_handler_before_it(small_root, tmp_path):
+    """SLURM's --signal (submitit: SIGUSR2 before the time limit): the step finishes, last.pt and
+    summary.json are written, then the handler that was there before runs (submitit requeues in it)."""
+    run = tmp_path / "run"
+    common = args(small_root, "trainer.epochs=50", "trainer.log_every_n_steps=1", f"hydra.run.dir={run}")
+    cmd = [sys.executable, "-c", UNDER_A_REQUEUE_HANDLER, str(run), str(REPO / "train.py"), *common]
+    proc = subprocess.Popen(cmd, cwd=REPO, env=launch_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    output, deadline = [], time.time() + 180
+    for line in proc.stdout:
+        output.append(line)
+        if "epoch 0 3/" in line or time.time() > deadline:
+            proc.send_signal(signal.SIGUSR2)
+            break
+    text = "".join(output) + proc.communicate(timeout=120)[0]
+    assert proc.returncode == 128 + signal.SIGUSR2, text[-3000:]
+    assert json.loads((run / "requeued.json").read_text()) == [True, True]
+    assert json.loads((run / "summary.json").read_text())["end_state"] == "stopped by signal"
+    state = torch.load(run / "checkpoints" / "last.pt", map_location="cpu", weights_only=True)
+    assert state["next_epoch"] == 0 and state["next_step"] >= 3
+
+
 def test_batch_size_change_at_an_epoch_boundary_maps_by_epoch(small_root, trained, tmp_path):
     """The end-of-epoch checkpoint resumed with batch 8 -> 16: the schedule continues at epoch 1 of
     the new batch size's schedule (the documented mapping; mid-epoch: the SIGTERM test above)."""
