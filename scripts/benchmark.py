@@ -7,7 +7,7 @@ Modes (a list; all run in one process so their ratios compare like with like):
   e2e     training steps fed by each of --loaders
 `--compare` = all three, then the ratios that matter: e2e ÷ model ceiling, dali ÷ pytorch.
 `--tune` = e2e on the first of --models for each point of a small grid of loader=dali settings;
-writes the fastest to conf/local/default.yaml (merged into what is there) and prints the table.
+writes the fastest to conf/local/loader/dali.yaml (merged into what is there) and prints the table.
 
 Warm-up steps are excluded; each figure is the median of --repeats timed windows, and no window
 contains an epoch switch (if an epoch has too few steps left, the rest is drained and the next

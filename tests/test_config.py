@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import shutil
 
 import pytest
 from hydra import compose, initialize_config_dir
@@ -162,3 +163,19 @@ def test_config_prints_without_resolving_paths(capfd):
     proc = run_script("train.py", "--cfg", "job", capfd=capfd)
     assert "loader:" in proc.stdout and "name: dali" in proc.stdout
     assert "root: ${dali_train.cwd:}/.cache/sample-v1" in proc.stdout  # printed as written, not resolved
+
+
+def test_a_local_dataset_path_applies_to_its_option_only(tmp_path):
+    """conf/local/data/imagenet.yaml sets data=imagenet's root, for recipes too; the demo's sample
+    set (the default data option) keeps its own root."""
+    conf = tmp_path / "conf"
+    shutil.copytree(CONF, conf, ignore=shutil.ignore_patterns("local"))
+    (conf / "local" / "data").mkdir(parents=True)
+    (conf / "local" / "data" / "imagenette.yaml").write_text("root: /data/imagenette\n")
+    register_configs()
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
+        assert compose("config", overrides=["+experiment=imagenette_128_5ep"]).data.root == "/data/imagenette"
+        assert compose("config", overrides=["data=imagenette", "data.root=/x"]).data.root == "/x"
+        assert compose("config").data.name == "sample" and "sample" in str(compose("config").data.root)
+    GlobalHydra.instance().clear()

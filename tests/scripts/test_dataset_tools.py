@@ -287,3 +287,15 @@ def test_measure_startup_on_a_small_link_farm(tmp_path):
     assert result["main_thread_stalled_beside_sleep_s"] < 1  # 2 s beside a sleeping thread
     assert -0.5 < result["main_thread_lost_beside_switch_s"] <= result["switch_beside_s"]  # seconds, not ms
     assert "200 train + 500 val entries: startup" in proc.stdout
+
+
+def test_estimate_time_takes_one_gpus_share_of_a_multi_process_benchmark(capfd):
+    """The 2-GPU benchmark's e2e row counts both processes: per GPU it is about the 1-GPU row, so
+    the one-GPU estimate is about the same from either file (not half)."""
+    runs = REPO / "docs" / "h200" / "gpu_benchmark_2026-12-01b"
+    hours = []
+    for name in ("2gpu_one_gpu.json", "2gpu_two_gpus.json"):
+        out = run_script("scripts/estimate_time.py", "imagenet_rn50_90ep", "--benchmark", runs / name, "--gpus", 1,
+                         capfd=capfd).stdout  # fmt: skip
+        hours.append(float(out.strip().splitlines()[-1].split("|")[-2].strip().removesuffix(" h")))
+    assert 0.9 < hours[1] / hours[0] < 1.1, hours
