@@ -38,6 +38,7 @@ from dali_train.distributed import (
     StopFlag,
     barrier,
     init_distributed,
+    read_launch_env,
     restart_count,
     set_collective_timeout,
     shared_run_stamp,
@@ -310,7 +311,7 @@ def _end_job(code: int, message: str) -> float:
     the other jobs still run (the job's NaN marks a failed trial for Optuna) and the sweep exits
     with the code at its end. A signal (preemption) or a multi-process job still ends the sweep."""
     multirun = HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
-    if not (multirun and code == EXIT_USER and int(os.environ.get("WORLD_SIZE", 1)) == 1):
+    if not (multirun and code == EXIT_USER and not read_launch_env().enabled):
         shutdown()
         sys.exit(code)
     _failed_jobs.append(f"job {HydraConfig.get().job.num}: {message}")
