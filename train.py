@@ -117,7 +117,7 @@ def train(cfg: DictConfig, dist: DistInfo, run_dir: Path, writer: MetricsWriter,
     device = select_device(tc.device, dist)
     summary["device"] = device
     amp_dtype = amp_dtype_for(tc.amp, device)
-    configure_backends(device, deterministic=tc.deterministic, cudnn_benchmark=tc.cudnn_benchmark)
+    configure_backends(device, deterministic=tc.deterministic, cudnn_benchmark=tc.cudnn_benchmark, tf32=tc.tf32)
     stop = StopFlag()
     stop.install()
 

@@ -119,6 +119,7 @@ class TrainerConfig:
     eval_only: bool = False  # evaluate the resumed/pretrained model and exit
     amp: str = "bf16"  # bf16 | fp16 | off (always off on CPU)
     channels_last: bool = True  # NHWC memory format on CUDA
+    tf32: bool = True  # TF32 tensor cores for fp32 matmuls and convolutions (false: full fp32 where amp=off)
     compile: bool = False  # torch.compile the model (before the DDP wrap)
     compile_mode: str = "default"  # default | reduce-overhead (CUDA graphs) | max-autotune | max-autotune-no-cudagraphs
     cuda_max_connections: int = 32  # CUDA_DEVICE_MAX_CONNECTIONS unless set in the environment; 0 = CUDA's 8

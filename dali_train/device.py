@@ -39,10 +39,10 @@ def amp_dtype_for(name: str, device: torch.device) -> torch.dtype | None:
     return AMP_DTYPES[name] if device.type == "cuda" else None
 
 
-def configure_backends(device: torch.device, *, deterministic: bool, cudnn_benchmark: bool) -> None:
+def configure_backends(device: torch.device, *, deterministic: bool, cudnn_benchmark: bool, tf32: bool = True) -> None:
     if deterministic:
         torch.use_deterministic_algorithms(True, warn_only=True)
     if device.type == "cuda":
         torch.backends.cudnn.benchmark = cudnn_benchmark and not deterministic
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+        torch.backends.cudnn.allow_tf32 = tf32

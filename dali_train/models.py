@@ -3,12 +3,14 @@
 
 from __future__ import annotations
 
+import functools
 import logging
+from collections.abc import Mapping
 from pathlib import Path
 
 import timm
 import torch
-from timm.layers import BlurPool2d
+from timm.layers import BlurPool2d, get_attn
 from timm.models import clean_state_dict
 from timm.utils import ModelEmaV3
 
@@ -32,7 +34,7 @@ def build_model(spec: ModelConfig, num_classes: int) -> torch.nn.Module:
     if not timm.is_model(name):
         close = timm.list_models(f"*{name.split('.')[0][:6]}*")[:5]
         raise ModelError(f"model.name={name}: not a timm model (similar: {', '.join(close) or 'none'})")
-    kwargs = dict(spec.kwargs)
+    kwargs = _with_attn_layers(dict(spec.kwargs))
     if spec.drop_path_rate:
         kwargs["drop_path_rate"] = spec.drop_path_rate
     try:
@@ -50,6 +52,33 @@ def build_model(spec: ModelConfig, num_classes: int) -> torch.nn.Module:
     n_params = sum(p.numel() for p in model.parameters())
     log.info("model: %s, %.1fM parameters, %d classes", name, n_params / 1e6, num_classes)
     return model
+
+
+def _with_attn_layers(kwargs: dict) -> dict:
+    """kwargs with each `attn_layer` given as a mapping ({name: se, act_layer: mish}, at the top or in
+    block_args) made the layer class with those arguments: timm takes a name or a class, and a name
+    alone builds timm's SE with ReLU where fastai's SE uses the block's activation."""
+
+    def build(where: str, spec: object) -> object:
+        if not isinstance(spec, Mapping):
+            return spec
+        args = dict(spec)
+        name = args.pop("name", None)
+        try:
+            layer = get_attn(name) if isinstance(name, str) else None
+        except AssertionError:
+            layer = None
+        if layer is None:
+            raise ModelError(f"model.kwargs.{where}.name={name}: not a timm attention layer (se, eca, cbam, ...)")
+        return functools.partial(layer, **args)
+
+    if "attn_layer" in kwargs:
+        kwargs["attn_layer"] = build("attn_layer", kwargs["attn_layer"])
+    if isinstance(kwargs.get("block_args"), Mapping) and "attn_layer" in kwargs["block_args"]:
+        block_args = dict(kwargs["block_args"])
+        block_args["attn_layer"] = build("block_args.attn_layer", block_args["attn_layer"])
+        kwargs["block_args"] = block_args
+    return kwargs
 
 
 def blur_stem_pool(model: torch.nn.Module) -> torch.nn.Module:

@@ -23,6 +23,18 @@ def test_kwargs_build_an_se_resnext_with_mish_and_blur_pooling():
     assert model(torch.zeros(2, 3, 64, 64)).shape == (2, 10)
 
 
+def test_an_attn_layer_mapping_builds_the_layer_with_its_arguments():
+    kwargs = {"act_layer": "mish", "block_args": {"attn_layer": {"name": "se", "act_layer": "mish", "rd_ratio": 0.25}}}
+    model = build_model(ModelConfig(name="resnet50d", kwargs=kwargs), 10)
+    se = model.layer1[0].se
+    assert type(se).__name__ == "SEModule" and isinstance(se.act, torch.nn.Mish)
+    assert se.fc1.out_channels == 64  # 256 channels x rd_ratio 0.25
+    assert not any(isinstance(m, torch.nn.ReLU) for m in model.modules())
+    assert model(torch.zeros(2, 3, 64, 64)).shape == (2, 10)
+    with pytest.raises(ModelError, match=r"model.kwargs.block_args.attn_layer.name=sse: not a timm attention layer"):
+        build_model(ModelConfig(name="resnet50d", kwargs={"block_args": {"attn_layer": {"name": "sse"}}}), 10)
+
+
 def test_unknown_model_and_rejected_kwargs_are_one_line_errors():
     with pytest.raises(ModelError, match="model.name=resnet5: not a timm model"):
         build_model(ModelConfig(name="resnet5"), 10)
