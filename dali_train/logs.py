@@ -46,12 +46,17 @@ class MetricsWriter:
         self.enabled, self.run_dir = enabled, run_dir
         self.started = time.perf_counter()  # metrics.jsonl's wall_time_s: time to accuracy
         self.earlier_jobs_s = 0.0  # a resumed run's time up to its checkpoint (set by drop_after)
-        self._tb = None
+        self._purge_step: int | None = None  # set by drop_after: TensorBoard hides older events from it on
+        self._writer = None  # TensorBoard's, opened on first use (after drop_after)
         self._steps = None  # steps.jsonl, opened on first use
-        if enabled:
+
+    @property
+    def _tb(self):
+        if self._writer is None and self.enabled:
             from torch.utils.tensorboard import SummaryWriter
 
-            self._tb = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
+            self._writer = SummaryWriter(log_dir=str(self.run_dir / "tensorboard"), purge_step=self._purge_step)
+        return self._writer
 
     def scalars(self, values: dict[str, float], step: int) -> None:
         if self._tb is not None:
@@ -70,29 +75,49 @@ class MetricsWriter:
 
     def drop_after(self, next_epoch: int, global_step: int) -> None:
         """On resume in the same run dir: drop the rows of work after the checkpoint (a kill between
-        a log row and last.pt), which the resumed run logs again; wall_time_s then goes on from the
-        last kept epoch's (the time between jobs, and work redone after a mid-epoch save, aside)."""
+        a log row and last.pt), which the resumed run logs again, and a line cut short by a kill or a
+        full disk; TensorBoard hides its points after the checkpoint too. wall_time_s then goes on
+        from the last kept epoch's (the time between jobs, and work redone after a mid-epoch save, aside).
+        Rows are matched by epoch first: a resume with another batch size renumbers the updates."""
         if not self.enabled:
             return
-        for name, key, limit in (("metrics.jsonl", "epoch", next_epoch - 1), ("steps.jsonl", "step", global_step)):
+        log = logging.getLogger("dali_train")
+        renumbered = False
+        for name in ("metrics.jsonl", "steps.jsonl"):
             path = self.run_dir / name
-            if path.is_file():
-                lines = path.read_text().splitlines(keepends=True)
-                kept = [line for line in lines if line.strip() and json.loads(line)[key] <= limit]
-                if name == "metrics.jsonl" and kept:
-                    self.earlier_jobs_s = json.loads(kept[-1]).get("wall_time_s") or 0.0
-                if len(kept) != len(lines):
-                    path.write_text("".join(kept))
-                    logging.getLogger("dali_train").info(
-                        "dropped %d rows of %s logged after the checkpoint", len(lines) - len(kept), name
-                    )
+            if not path.is_file():
+                continue
+            lines = [line for line in path.read_text().splitlines(keepends=True) if line.strip()]
+            kept, cut = [], 0
+            for line in lines:
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError:  # only a last line can be cut short
+                    cut += 1
+                    continue
+                if row["epoch"] < next_epoch or (
+                    name == "steps.jsonl" and row["epoch"] == next_epoch and row["step"] <= global_step
+                ):
+                    kept.append(line if line.endswith("\n") else line + "\n")
+                    renumbered |= name == "steps.jsonl" and row["step"] > global_step
+            if name == "metrics.jsonl" and kept:
+                self.earlier_jobs_s = json.loads(kept[-1]).get("wall_time_s") or 0.0
+            dropped = len(lines) - cut - len(kept)
+            if cut or dropped:
+                path.write_text("".join(kept))
+            if cut:
+                log.warning("%s: dropped %d line(s) cut short (a kill or a full disk while writing)", path, cut)
+            if dropped:
+                log.info("dropped %d rows of %s logged after the checkpoint", dropped, name)
+        # TensorBoard hides events from a step on; with renumbered updates, that would hide kept epochs too
+        self._purge_step = None if renumbered else global_step + 1
 
     def epoch(self, record: dict[str, Any]) -> None:
         if self.enabled:
             with open(self.run_dir / "metrics.jsonl", "a") as f:
                 f.write(json.dumps(record) + "\n")
-            if self._tb is not None:
-                self._tb.flush()
+            if self._writer is not None:
+                self._writer.flush()
 
     def log_epoch(
         self,
@@ -147,8 +172,8 @@ class MetricsWriter:
             tmp.replace(self.run_dir / "summary.json")
 
     def close(self) -> None:
-        if self._tb is not None:
-            self._tb.close()
+        if self._writer is not None:
+            self._writer.close()
         if self._steps is not None:
             self._steps.close()
 

@@ -17,6 +17,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from dali_train.optim import build_scheduler
 from tests.conftest import REPO, TINY, InProcessRun, exit_code, launch_env, run_inprocess
@@ -245,6 +246,9 @@ def test_sigkill_after_the_log_row_then_resume_auto_keeps_one_row_per_epoch(smal
     assert [r["epoch"] for r in rows(run / "metrics.jsonl")] == [0, 1]
     steps = [r["step"] for r in rows(run / "steps.jsonl")]
     assert steps == sorted(steps) and len(steps) == len(set(steps)) and steps[-1] == 2 * STEPS
+    events = EventAccumulator(str(run / "tensorboard"))  # TensorBoard shows each step once too
+    events.Reload()
+    assert [e.step for e in events.Scalars("train/loss")] == steps
 
 
 @pytest.mark.slow

@@ -1,0 +1,62 @@
+"""MetricsWriter on resume: rows after the checkpoint go, earlier epochs stay (whatever the update
+numbering), a line cut short goes, and TensorBoard hides the redone steps."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from dali_train.logs import MetricsWriter
+
+
+def _write_rows(path: Path, rows: list[dict], tail: str = "") -> None:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows) + tail)
+
+
+def _rows(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_a_resume_with_renumbered_updates_keeps_the_earlier_epochs_steps(tmp_path):
+    # two epochs of 10 updates at one batch size; the resume's batch is doubled: epoch 2 starts at update 10
+    _write_rows(tmp_path / "steps.jsonl", [{"epoch": (s - 1) // 10, "step": s} for s in range(2, 21, 2)])
+    _write_rows(tmp_path / "metrics.jsonl", [{"epoch": 0, "wall_time_s": 5.0}, {"epoch": 1, "wall_time_s": 9.0}])
+    writer = MetricsWriter(tmp_path, True)
+    writer.drop_after(2, 10)
+    assert [r["step"] for r in _rows(tmp_path / "steps.jsonl")] == list(range(2, 21, 2))
+    assert writer.earlier_jobs_s == 9.0
+    writer.close()
+
+
+def test_rows_after_the_checkpoint_and_a_cut_line_are_dropped(tmp_path):
+    steps = [{"epoch": 0, "step": s} for s in (2, 4, 6)] + [{"epoch": 1, "step": s} for s in (8, 10, 12)]
+    _write_rows(tmp_path / "steps.jsonl", steps, tail='{"epoch": 1, "st')  # a kill mid-write
+    _write_rows(tmp_path / "metrics.jsonl", [{"epoch": 0, "wall_time_s": 5.0}], tail='{"epoch": 1, "wall')
+    writer = MetricsWriter(tmp_path, True)
+    writer.drop_after(1, 10)  # mid-epoch checkpoint: epoch 1, update 10
+    assert [r["step"] for r in _rows(tmp_path / "steps.jsonl")] == [2, 4, 6, 8, 10]
+    assert [r["epoch"] for r in _rows(tmp_path / "metrics.jsonl")] == [0]
+    writer.step({"train/loss": 1.0}, 11, 1)  # the resumed run appends whole lines after them
+    writer.close()
+    assert [r["step"] for r in _rows(tmp_path / "steps.jsonl")] == [2, 4, 6, 8, 10, 11]
+
+
+def _tensorboard_steps(run_dir: Path, tag: str) -> list[int]:
+    events = EventAccumulator(str(run_dir / "tensorboard"))
+    events.Reload()
+    return [e.step for e in events.Scalars(tag)]
+
+
+def test_tensorboard_hides_the_steps_a_resume_redoes(tmp_path):
+    first = MetricsWriter(tmp_path, True)
+    for step in (1, 2, 3):  # the kill came after update 3 was logged; last.pt holds update 2
+        first.step({"train/loss": 1.0}, step, 0)
+    first.close()
+    resumed = MetricsWriter(tmp_path, True)
+    resumed.drop_after(0, 2)
+    for step in (3, 4):
+        resumed.step({"train/loss": 0.5}, step, 0)
+    resumed.close()
+    assert _tensorboard_steps(tmp_path, "train/loss") == [1, 2, 3, 4]
