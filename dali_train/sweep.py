@@ -134,10 +134,12 @@ class SweepSummaryCallback(Callback):
                 settings[0]["setting"],
                 settings[0]["mean"],
             )
-        elif rows:
+        elif rows and rows[0]["best_val_top1"] is not None:
             log.info(
                 "sweep summary: %s/sweep_summary.md (best: %s -> %.2f)",
                 config.hydra.sweep.dir,
                 rows[0]["overrides"] or "defaults",
                 rows[0]["best_val_top1"],
             )
+        elif rows:
+            log.info("sweep summary: %s/sweep_summary.md (no job validated)", config.hydra.sweep.dir)

@@ -76,6 +76,18 @@ def test_a_failed_job_does_not_end_the_sweep(small_root, tmp_path, capfd):
     assert last.startswith("error: 1 job(s) of the sweep failed; job 0: ") and "NaN" in last, last
 
 
+def test_a_sweep_whose_every_job_failed_ends_with_its_summary_and_one_error_line(small_root, tmp_path, capfd):
+    sweep = tmp_path / "sweep"
+    proc = run_script(
+        "train.py", "-m", *TINY, f"data.root={small_root}", "trainer.epochs=1", "optimizer.lr=1e5,1e6",
+        f"hydra.sweep.dir={sweep}", capfd=capfd, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "Logging error" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert "sweep summary: " in proc.stdout and "(no job validated)" in proc.stdout
+    assert proc.stderr.strip().splitlines()[-1].startswith("error: 2 job(s) of the sweep failed; job 0: ")
+
+
 def test_a_job_that_ended_early_is_marked_and_left_out_of_the_mean_over_seeds(tmp_path):
     """A sweep dir as train.py -m leaves it, where seed 1 of one setting was stopped by a signal:
     its top-1 is listed with its end_state, and the setting's mean is over the completed seed."""
