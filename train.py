@@ -120,6 +120,9 @@ def train(cfg: DictConfig, dist: DistInfo, run_dir: Path, writer: MetricsWriter,
     configure_backends(device, deterministic=tc.deterministic, cudnn_benchmark=tc.cudnn_benchmark, tf32=tc.tf32)
     stop = StopFlag()
     stop.install()
+    if stop.requested(dist, device, sync_point=True):  # it came after the previous job's last check
+        signum = stop.signal or signal.SIGTERM
+        return stopped_by_signal(signum, f"signal {signum} came as the previous job ended: nothing run", stop.hand_over)
 
     # Data, then the model and its optimizer.
     loaders = build_loaders(

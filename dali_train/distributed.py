@@ -175,7 +175,9 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2)  # SIGUSR2: SLURM
 
 class StopFlag:
     """Set by SIGTERM/SIGINT/SIGUSR2; the loop finishes its step, saves last.pt and exits. A handler
-    that was there before (submitit's requeue on SIGUSR2) is kept, to be run once last.pt is saved."""
+    that was there before (submitit's requeue on SIGUSR2) is kept, to be run once last.pt is saved.
+    The flag of a multirun's previous job hands on its signal: one that came after that job's last
+    check (its final validation, say) stops the next job before it starts."""
 
     def __init__(self) -> None:
         self.signal: int | None = None
@@ -184,7 +186,12 @@ class StopFlag:
     def install(self) -> None:
         for sig in STOP_SIGNALS:
             before = signal.getsignal(sig)
-            if callable(before) and not isinstance(getattr(before, "__self__", None), StopFlag):
+            previous_job = getattr(before, "__self__", None)
+            if isinstance(previous_job, StopFlag):
+                self.signal = self.signal or previous_job.signal
+                if sig in previous_job._before:
+                    self._before[sig] = previous_job._before[sig]
+            elif callable(before) and before is not signal.default_int_handler:  # that one raises KeyboardInterrupt
                 self._before[sig] = before
             signal.signal(sig, self._handle)
 

@@ -164,14 +164,14 @@ def compose_run_config(overrides: list[str], run_dir: Path) -> DictConfig:
 
 @contextmanager
 def process_state_restored() -> Iterator[None]:
-    """What a run or a script changes in this process (root logging handlers, SIGTERM/SIGINT
+    """What a run or a script changes in this process (root logging handlers, SIGTERM/SIGINT/SIGUSR2
     handlers, deterministic algorithms, environment variables, Hydra's global state) is restored
     after it; its DALI pipelines and their threads go now, not during the next test."""
     import torch
 
     root = logging.getLogger()
     saved_handlers, saved_level = list(root.handlers), root.level
-    saved_signals = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    saved_signals = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2)}
     saved_env = dict(os.environ)
     deterministic = torch.are_deterministic_algorithms_enabled()
     try:

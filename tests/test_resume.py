@@ -156,6 +156,29 @@ def test_sigterm_finishes_the_step_saves_last_pt_and_exits(small_root, tmp_path)
     assert f"at epoch 0 step {state['next_step']}" in resumed.log
 
 
+@pytest.mark.slow
+def test_ctrl_c_in_a_terminal_saves_and_ends_in_one_line(small_root, tmp_path):
+    """SIGINT where Python's own handler is installed (a terminal's Ctrl-C; a background job ignores
+    SIGINT): last.pt saved, exit 128+2, and no KeyboardInterrupt traceback from that handler."""
+    run = tmp_path / "run"
+    cmd = [sys.executable, str(REPO / "train.py"), *args(small_root, "trainer.epochs=50", "trainer.log_every_n_steps=1")]
+    proc = subprocess.Popen(
+        [*cmd, f"hydra.run.dir={run}"], cwd=REPO, env=launch_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )  # fmt: skip
+    output, deadline = [], time.time() + 180
+    for line in proc.stdout:
+        output.append(line)
+        if "epoch 0 2/" in line or time.time() > deadline:
+            proc.send_signal(signal.SIGINT)
+            break
+    text = "".join(output) + proc.communicate(timeout=120)[0]
+    assert proc.returncode == 128 + signal.SIGINT, text[-3000:]
+    assert "Traceback" not in text and "KeyboardInterrupt" not in text, text[-3000:]
+    assert json.loads((run / "summary.json").read_text())["end_state"] == "stopped by signal"
+    assert (run / "checkpoints" / "last.pt").is_file()
+
+
 # train.py under a SIGUSR2 handler of its own, as submitit installs one (its requeue): the handler
 # records whether the run had saved last.pt and summary.json when it was called.
 UNDER_A_REQUEUE_HANDLER = """

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import signal
 import socket
 import subprocess
 import sys
@@ -86,6 +87,22 @@ def test_a_sweep_whose_every_job_failed_ends_with_its_summary_and_one_error_line
     assert "Logging error" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert "sweep summary: " in proc.stdout and "(no job validated)" in proc.stdout
     assert proc.stderr.strip().splitlines()[-1].startswith("error: 2 job(s) of the sweep failed; job 0: ")
+
+
+def test_a_signal_after_a_jobs_last_check_stops_the_sweep_before_the_next_job(small_root, tmp_path, capfd):
+    """SIGTERM as job 0 ends (after its last stop check): job 0 stays completed, job 1 trains
+    nothing, and the sweep exits 128+15 there (it used to run every remaining job and exit 0)."""
+    sweep = tmp_path / "sweep"
+    callback = "+hydra.callbacks.signal_at_job_end._target_=tests.helpers.signal_at_job_end.SignalAtFirstJobEnd"
+    proc = run_script(
+        "train.py", "-m", *TINY, f"data.root={small_root}", "trainer.epochs=1", "optimizer.lr=0.1,0.2,0.3",
+        callback, f"hydra.sweep.dir={sweep}", capfd=capfd, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 128 + signal.SIGTERM, proc.stderr[-3000:]
+    assert json.loads((sweep / "0" / "summary.json").read_text())["end_state"] == "completed"
+    stopped = json.loads((sweep / "1" / "summary.json").read_text())
+    assert stopped["end_state"] == "stopped by signal" and "nothing run" in stopped["end_message"]
+    assert not (sweep / "2").exists()
 
 
 def test_a_job_that_ended_early_is_marked_and_left_out_of_the_mean_over_seeds(tmp_path):
