@@ -11,6 +11,7 @@ import datetime as dt
 import os
 import signal
 import subprocess
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,6 +73,14 @@ def _rendezvous_store(info: DistInfo) -> torch_dist.Store:
     CPU only, so the run stamp can be shared before the config is read and the group is joined."""
     global _store
     if _store is None:
+        env = os.environ
+        if "SLURM_PROCID" in env and "TORCHELASTIC_RUN_ID" not in env:  # srun: nothing else says why it waits
+            print(
+                f"[rank {info.rank}] waiting for {info.world_size} processes at {env['MASTER_ADDR']}:{env['MASTER_PORT']} "
+                f"(SLURM_NTASKS={env.get('SLURM_NTASKS')}: start them with srun; one process alone: unset SLURM_NTASKS)",
+                file=sys.stderr,
+                flush=True,
+            )
         _store, _, _ = next(torch_dist.rendezvous("env://", rank=info.rank, world_size=info.world_size))
     return _store
 

@@ -6,6 +6,7 @@ import ast
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -95,3 +96,22 @@ def test_the_run_stamp_is_shared_without_joining_the_group(tmp_path):
     seen = [ast.literal_eval((tmp_path / rank).read_text()) for rank in ("0", "1")]
     assert seen[0][0] == seen[1][0]  # one stamp for both ranks
     assert all(s[1:] == [False, False, 2] for s in seen), seen  # no group, no CUDA; then both join the group
+
+
+def test_srun_ranks_say_what_they_wait_for(tmp_path):
+    """A process that SLURM's variables make one of several (a plain `python train.py` in an
+    allocation of two tasks) waits for the others: it says so, with the fix, before it waits."""
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS and not k.startswith("TORCHELASTIC")}
+    env.update(PYTHONPATH=str(REPO), SLURM_PROCID="1", SLURM_NTASKS="2", SLURM_JOB_ID="7", MASTER_ADDR="127.0.0.1")
+    code = "from dali_train.distributed import shared_run_stamp; shared_run_stamp()"
+    proc = subprocess.Popen([sys.executable, "-c", code], env=env, stderr=subprocess.PIPE, text=True)
+    silent = threading.Timer(60, proc.kill)  # without the line, readline would wait out the 30-min join
+    silent.start()
+    try:
+        first = proc.stderr.readline()  # rank 1 then retries its connection to rank 0's store
+    finally:
+        silent.cancel()
+        proc.kill()
+        proc.communicate()
+    assert first.startswith("[rank 1] waiting for 2 processes at 127.0.0.1:20007 (SLURM_NTASKS=2"), first
+    assert "unset SLURM_NTASKS" in first
