@@ -69,7 +69,7 @@ def run(cfg: DictConfig) -> float:
     dist = init_distributed()
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     setup_logging(dist, run_dir)
-    log.info("config:\n%s", OmegaConf.to_yaml(cfg))
+    log.info("config:\n%s", OmegaConf.to_yaml(cfg, resolve=True))  # as the run sees it (paths, interpolations)
     log.info("CUDA_DEVICE_MAX_CONNECTIONS=%s", cuda_queues or "unset (CUDA's default, 8)")
     writer = MetricsWriter(run_dir, dist.is_main)
     summary: dict = {"world_size": dist.world_size, "loader": cfg.loader.name, "model": cfg.model.name}

@@ -28,6 +28,10 @@ def read_rows(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
 
 
+def _top1(value: float | None) -> str:
+    return "–" if value is None else f"{value:.2f}"
+
+
 def span(values: list[float | None]) -> str:
     seen = [v for v in values if v is not None]
     if len(seen) < len(values):
@@ -57,10 +61,12 @@ def main(argv: list[str] | None = None) -> int:
         done = [s.get("end_state") == "completed" and s.get("val_top1") is not None for s in summaries]
         top1 = [s["val_top1"] for s, d in zip(summaries, done, strict=True) if d]
         shown = [
-            f"{s['val_top1']:.2f}" if d else f"{s.get('val_top1') or 0:.2f} ({s.get('end_state', 'no end_state')})"
+            f"{s['val_top1']:.2f}" if d else f"{_top1(s.get('val_top1'))} ({s.get('end_state', 'no end_state')})"
             for s, d in zip(summaries, done, strict=True)
         ]
-        mean = f"{statistics.mean(top1):.2f} ± {statistics.stdev(top1) if len(top1) > 1 else 0.0:.2f}" if top1 else "–"
+        mean = "–" if not top1 else f"{statistics.mean(top1):.2f}"
+        if len(top1) > 1:  # one run has no spread
+            mean += f" ± {statistics.stdev(top1):.2f}"
         # A resumed run's summary.json times its last job only; metrics.jsonl's times run from its start.
         wall = [max(s.get("wall_time_s") or 0.0, r[-1]["wall_time_s"] if r else 0.0) for s, r in zip(summaries, rows, strict=True)]
         reached = " / ".join(span([time_to(r, m) for r in rows]) for m in args.marks)
