@@ -264,6 +264,7 @@ def test_sigkill_after_the_log_row_then_resume_auto_keeps_one_row_per_epoch(smal
     stale = run / "checkpoints" / ".last.pt.tmp-99999"
     stale.parent.mkdir(exist_ok=True)
     stale.write_bytes(b"half a checkpoint")
+    time.sleep(1.1)  # TensorBoard reads event files in name order: the second they were made, then the pid
     out = run_inprocess(common, run)
     assert "removed" in out.log and not stale.exists()
     assert [r["epoch"] for r in rows(run / "metrics.jsonl")] == [0, 1]
