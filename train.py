@@ -7,7 +7,7 @@
     python train.py trainer.eval_only=true trainer.resume=outputs/.../checkpoints/best.pt
 
 `run(cfg)` reads top to bottom: distributed + logging, the typed config (every value checked), data,
-model, optimizer, restore, epoch loop, summary. It returns the best val top-1, the objective of
+model, optimizer, restore, then the epochs (`dali_train.fit.Fit`), summary. It returns the best val top-1, the objective of
 Hydra sweepers. This is the only place that sees the whole config: the builders of dali_train/
 receive its typed parts and explicit values, by keyword.
 """
@@ -27,11 +27,10 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
-from timm.utils import distribute_bn
 
 from dali_train.checkpoint import Checkpointer, CheckpointMeta
 from dali_train.config import composition_error_line, load_config, register_configs
-from dali_train.data import DatasetError, NextEpoch, build_loaders
+from dali_train.data import build_loaders
 from dali_train.device import amp_dtype_for, configure_backends, select_device, set_cuda_max_connections
 from dali_train.distributed import (
     DistInfo,
@@ -44,11 +43,11 @@ from dali_train.distributed import (
     shared_run_stamp,
     shutdown,
 )
-from dali_train.divergence import Diverged, nonfinite_tensors
-from dali_train.ending import COMPLETED, EXIT_USER, Ending, RunShape, ending_for, job_done, stopped_by_signal
-from dali_train.engine import LoopControl, evaluate, train_one_epoch, updates_per_epoch
+from dali_train.ending import EXIT_USER, Ending, RunShape, ending_for, stopped_by_signal
+from dali_train.engine import updates_per_epoch
 from dali_train.errors import UserError
-from dali_train.logs import MetricsWriter, input_bound_verdict, setup_logging
+from dali_train.fit import Fit
+from dali_train.logs import MetricsWriter, setup_logging
 from dali_train.parts import build_train_parts
 
 log = logging.getLogger("dali_train")
@@ -144,7 +143,6 @@ def train(cfg: DictConfig, dist: DistInfo, run_dir: Path, writer: MetricsWriter,
         global_batch=global_batch,
         amp_dtype=amp_dtype,
     )
-    model, ema, optimizer = parts.model, parts.ema, parts.optimizer
 
     # Restore: the schedule is the current config's, positioned at the checkpoint's step.
     meta = CheckpointMeta(
@@ -173,136 +171,8 @@ def train(cfg: DictConfig, dist: DistInfo, run_dir: Path, writer: MetricsWriter,
         log.warning("torchrun restart %d with trainer.resume=%s: training starts over", restart_count(), tc.resume)
     writer.drop_after(start_epoch, parts.global_step)  # rows logged after the checkpoint: redone now
     summary["best_val_top1"] = best_top1
-    last_pt = checkpointer.path("last.pt")
-    saved_at = parts.global_step  # the update that last.pt (or the resumed file) holds
-
-    def average_ema_bn_stats() -> None:
-        """Each rank's EMA averages its own BatchNorm statistics: replace them by their mean over
-        the ranks (timm's distribute_bn), so that all validate, and rank 0 saves, one model."""
-        if ema is not None and dist.enabled:
-            distribute_bn(ema.module, dist.world_size, reduce=True)
-
-    def save(name: str, epoch: int, step: int) -> None:
-        nonlocal saved_at
-        average_ema_bn_stats()  # rank 0 saves the EMA the ranks validate
-        if nonfinite_tensors([parts.model, ema], dist):  # never NaN weights over a good checkpoint
-            raise Diverged(
-                f"the weights became NaN/inf by update {parts.global_step} (epoch {epoch} step {step}); "
-                f"{name} keeps update {saved_at}; lower optimizer.lr or set trainer.clip_grad_norm",
-                parts.global_step,
-            )
-        checkpointer.save(name, parts, next_epoch=epoch, next_step=step, best_top1=best_top1)
-        saved_at = parts.global_step
-
-    ctl = LoopControl(
-        writer=writer,
-        log_every=tc.log_every_n_steps,
-        max_steps=tc.max_steps_per_epoch,
-        save_every=tc.save_every_n_steps,
-        save=lambda e, s: save("last.pt", e, s),
-        stop=stop,
-        max_nonfinite_skips=tc.max_nonfinite_skips,
-    )
-    eval_model = ema.module if ema is not None else model  # best is tracked on EMA when it is on
-
-    def signal_ending(where: str) -> Ending:
-        signum = stop.signal or signal.SIGTERM
-        return stopped_by_signal(signum, f"signal {signum} {where}; saved {last_pt}", stop.hand_over)
-
-    def validate() -> dict:
-        average_ema_bn_stats()
-        return evaluate(
-            eval_model,
-            loaders.val,
-            device=device,
-            dist=dist,
-            amp_dtype=amp_dtype,
-            max_steps=tc.max_val_steps,
-            flip_tta=tc.val_flip_tta,
-        )
-
-    def save_progress_before(error: Exception, epoch: int, step: int) -> None:
-        """A loader failed mid-epoch: keep what was trained, where that is safe (one process:
-        with several ranks the others may sit in a collective, so the last periodic save stands)."""
-        if not dist.enabled and parts.global_step != saved_at:
-            save("last.pt", epoch, step)
-            log.warning("saved %s at epoch %d step %d before stopping", last_pt, epoch, step)
-
-    epoch_stats, metrics = [], {}
-    summary["epochs_completed"] = start_epoch
-    end_epoch = tc.epochs if tc.epochs_per_job is None else min(tc.epochs, start_epoch + tc.epochs_per_job)
-    epochs = range(start_epoch, start_epoch if tc.eval_only else end_epoch)
-    for epoch in epochs:
-        updates_before = parts.global_step
-        try:
-            loaders.train.set_epoch(epoch, start_step)
-            stats = train_one_epoch(parts, loaders.train, ctl, epoch=epoch, start_step=start_step)
-        except DatasetError as e:  # a file the startup check let through; keep what was trained
-            save_progress_before(e, epoch, start_step + (parts.global_step - updates_before) * tc.grad_accum_steps)
-            raise
-        if stats.interrupted:
-            save("last.pt", epoch, start_step + stats.steps)
-            return signal_ending(f"at epoch {epoch} step {start_step + stats.steps}")
-        start_step = 0
-        # The next epoch's pipeline builds and prefetches during validation, on a thread. Its error
-        # (a DatasetError in its first batches, or any other) is raised once this epoch is saved.
-        next_epoch = NextEpoch(loaders.train, epoch + 1, device) if epoch + 1 < end_epoch else None
-        epoch_metrics = None  # None: this epoch is not validated (trainer.val_every_n_epochs)
-        validated = False
-        try:
-            if (epoch + 1) % tc.val_every_n_epochs == 0 or epoch + 1 == end_epoch:
-                metrics = epoch_metrics = validate()
-            validated = True
-        except DatasetError as e:  # training of this epoch is complete: keep it, unvalidated
-            save_progress_before(e, epoch + 1, 0)
-            raise
-        finally:
-            next_epoch_error = next_epoch.join() if next_epoch is not None else None
-            if next_epoch_error is not None and not validated:  # validation's own error goes up; say this one
-                log.warning("the next epoch's pipeline failed too: %r", next_epoch_error)
-        if epoch_metrics is not None:
-            best_top1 = max(best_top1, epoch_metrics["top1"])
-        summary.update(best_val_top1=best_top1, epochs_completed=epoch + 1)
-        epoch_stats.append(stats)
-        # The log row first, last.pt last: a kill in between leaves a checkpoint that claims no
-        # epoch without its row; the resume redoes the epoch and replaces the rows after it.
-        wait_s = next_epoch.waited_s if next_epoch is not None else None
-        writer.log_epoch(epoch, stats, epoch_metrics, optimizer.param_groups[0]["lr"], parts.global_step, wait_s)
-        if epoch_metrics is not None and epoch_metrics["top1"] >= best_top1:
-            save("best.pt", epoch + 1, 0)
-        save("last.pt", epoch + 1, 0)
-        if next_epoch_error is not None:
-            raise next_epoch_error
-        if epoch + 1 < end_epoch and stop.requested(dist, device, sync_point=True):
-            return signal_ending(f"after epoch {epoch}")
-
-    if not epoch_stats:  # eval_only, or resumed after the last epoch
-        metrics = validate()
-        best_top1 = max(best_top1, metrics["top1"])
-    if metrics["samples"] != loaders.num_val_files and tc.max_val_steps is None:
-        log.warning("validation saw %d images, the val split has %d", metrics["samples"], loaders.num_val_files)
-    img_s = sum(s.img_per_s for s in epoch_stats) / max(len(epoch_stats), 1)
-    wait = sum(s.data_wait_frac for s in epoch_stats) / max(len(epoch_stats), 1)  # each: the max over ranks
-    summary.update(
-        val_top1=metrics["top1"],
-        val_top5=metrics["top5"],
-        val_loss=metrics["loss"],
-        best_val_top1=best_top1,
-        val_samples=metrics["samples"],
-        train_img_s=img_s,
-        data_wait_frac=wait,
-    )
-    ending = job_done(end_epoch, tc.epochs) if epoch_stats and end_epoch < tc.epochs else COMPLETED
-    log.info(
-        "%s: val top-1 %.2f (best %.2f), top-5 %.2f on %d images; %s",
-        ending.state,
-        metrics["top1"],
-        best_top1,
-        metrics["top5"],
-        metrics["samples"],
-        input_bound_verdict(wait, c.loader.name) if epoch_stats else "eval only",
-    )
-    return ending
+    fit = Fit(parts, loaders, checkpointer, writer, stop, tc, c.loader.name, summary, best_top1=best_top1)
+    return fit.run(start_epoch, start_step)
 
 
 _task_started = False  # composition errors happen before it; see __main__

@@ -47,7 +47,7 @@ class TrainParts:
 
 @dataclass
 class LoopControl:
-    """How the epoch loop logs, saves and stops, built by train.py (by keyword)."""
+    """How the epoch loop logs, saves and stops, built by fit.Fit (by keyword)."""
 
     writer: MetricsWriter
     log_every: int = 50

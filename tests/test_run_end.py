@@ -148,13 +148,13 @@ def test_a_bad_file_in_the_next_epochs_first_batch_keeps_the_validated_epoch(sma
     validated. A file damaged once epoch 0 has trained (every file is in every epoch, so it cannot
     be planted earlier) fails there: epoch 0 is still validated, logged and saved, then the run
     ends with the one line naming the file."""
-    import train
+    from dali_train import fit
 
     data = tmp_path / "data"
     shutil.copytree(small_root, data)
     files = scan_dataset(str(data), verify=False).train.files
     bad = Path(files[epoch_order(len(files), seed=0, epoch=1, batch_size=16, world_size=1).rank_block(0, 1)[5]])
-    real_train_one_epoch = train.train_one_epoch
+    real_train_one_epoch = fit.train_one_epoch
 
     def then_damage(*args, **kwargs):
         stats = real_train_one_epoch(*args, **kwargs)
@@ -162,7 +162,7 @@ def test_a_bad_file_in_the_next_epochs_first_batch_keeps_the_validated_epoch(sma
             bad.write_bytes(damage_huffman_table(bad.read_bytes()))  # batch 0 of epoch 1
         return stats
 
-    monkeypatch.setattr(train, "train_one_epoch", then_damage)
+    monkeypatch.setattr(fit, "train_one_epoch", then_damage)
     run = tmp_path / "run"
     line = error_line(run_inprocess([*TINY, f"data.root={data}", "trainer.epochs=2"], run, check=False))
     assert str(bad) in line and "epoch 1, batch 0" in line

@@ -51,7 +51,7 @@ class NextEpoch:
     """`loader.set_epoch(epoch)` on a thread, started before validation and joined after it: the
     next epoch's pipeline build and first batches (4.6 s over a 1.28M-file list on an H200)
     overlap validation instead of preceding it. Nothing is raised on the thread: `join()` returns
-    its exception, and train.py raises it after the validated epoch is saved. Batches come out on
+    its exception, and fit.Fit raises it after the validated epoch is saved. Batches come out on
     the thread's current stream: the legacy default stream, as the main thread's (neither sets one)."""
 
     def __init__(self, loader: Loader, epoch: int, device: torch.device) -> None:

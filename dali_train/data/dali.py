@@ -5,7 +5,7 @@ The train pipeline is rebuilt every epoch (`set_epoch`): its file list is that e
 progressive-resize schedule. That makes a resumed epoch replay exactly (resumed in its middle: the
 same files in the same order, but other random crops and flips, as the pipeline's seed restarts
 there), at the cost of one pipeline build per epoch (0.6-2.5 s on an H200 over 160k files, 4.6 s
-over ImageNet's 1.28M), which train.py runs on a thread during validation (`data.NextEpoch`).
+over ImageNet's 1.28M), which fit.Fit runs on a thread during validation (`data.NextEpoch`).
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ class DaliLoader:
 
     def set_epoch(self, epoch: int, start_step: int = 0) -> None:
         """Build this epoch's train pipeline now, so DALI prefetches before the first step. A
-        build takes 0.6-2.5 s on an H200 (`build_times`); train.py calls this for the next epoch
+        build takes 0.6-2.5 s on an H200 (`build_times`); fit.Fit calls this for the next epoch
         on a thread while it validates (`data.NextEpoch`), so build and prefetch overlap
         validation. Calling again for the same epoch is free."""
         if self.train and (self._iterator is None or (epoch, start_step) != (self.epoch, self.start_step)):
