@@ -119,6 +119,22 @@ def test_eval_only_with_resume_auto_and_no_checkpoint_has_nothing_to_evaluate(sm
     assert_one_line_ending(ended, "nothing to evaluate")
 
 
+def signal_at_line(cmd: list[str], marker: str, signum: int, **popen) -> tuple[int, str]:
+    """`cmd` as a process, sent `signum` once it prints a line containing `marker` (or after 180 s):
+    its exit code and all it printed."""
+    proc = subprocess.Popen(
+        cmd, cwd=REPO, env=launch_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **popen
+    )
+    output, deadline = [], time.time() + 180
+    for line in proc.stdout:
+        output.append(line)
+        if marker in line or time.time() > deadline:
+            proc.send_signal(signum)
+            break
+    text = "".join(output) + proc.communicate(timeout=120)[0]
+    return proc.returncode, text
+
+
 @pytest.mark.slow
 def test_sigterm_finishes_the_step_saves_last_pt_and_exits(small_root, tmp_path):
     """SIGTERM mid-epoch: the step finishes, last.pt keeps the position, exit code 128+15. Resumed
@@ -127,17 +143,8 @@ def test_sigterm_finishes_the_step_saves_last_pt_and_exits(small_root, tmp_path)
     run = tmp_path / "run"
     common = args(small_root, "trainer.epochs=50", "trainer.log_every_n_steps=1")
     cmd = [sys.executable, str(REPO / "train.py"), *common, f"hydra.run.dir={run}"]
-    proc = subprocess.Popen(cmd, cwd=REPO, env=launch_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    output = []
-    deadline = time.time() + 180
-    for line in proc.stdout:
-        output.append(line)
-        if "epoch 0 3/" in line or time.time() > deadline:
-            proc.send_signal(signal.SIGTERM)
-            break
-    rest, _ = proc.communicate(timeout=120)
-    text = "".join(output) + rest
-    assert proc.returncode == 128 + signal.SIGTERM, text[-3000:]
+    code, text = signal_at_line(cmd, "epoch 0 3/", signal.SIGTERM)
+    assert code == 128 + signal.SIGTERM, text[-3000:]
     assert "stopped by signal" in text
     last = run / "checkpoints" / "last.pt"
     state = torch.load(last, map_location="cpu", weights_only=True)
@@ -161,19 +168,14 @@ def test_ctrl_c_in_a_terminal_saves_and_ends_in_one_line(small_root, tmp_path):
     """SIGINT where Python's own handler is installed (a terminal's Ctrl-C; a background job ignores
     SIGINT): last.pt saved, exit 128+2, and no KeyboardInterrupt traceback from that handler."""
     run = tmp_path / "run"
-    cmd = [sys.executable, str(REPO / "train.py"), *args(small_root, "trainer.epochs=50", "trainer.log_every_n_steps=1")]
-    proc = subprocess.Popen(
-        [*cmd, f"hydra.run.dir={run}"], cwd=REPO, env=launch_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )  # fmt: skip
-    output, deadline = [], time.time() + 180
-    for line in proc.stdout:
-        output.append(line)
-        if "epoch 0 2/" in line or time.time() > deadline:
-            proc.send_signal(signal.SIGINT)
-            break
-    text = "".join(output) + proc.communicate(timeout=120)[0]
-    assert proc.returncode == 128 + signal.SIGINT, text[-3000:]
+    common = args(small_root, "trainer.epochs=50", "trainer.log_every_n_steps=1", f"hydra.run.dir={run}")
+    cmd = [sys.executable, str(REPO / "train.py"), *common]
+
+    def default_sigint() -> None:  # as a terminal leaves it: Python then installs its own handler
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+    code, text = signal_at_line(cmd, "epoch 0 2/", signal.SIGINT, preexec_fn=default_sigint)
+    assert code == 128 + signal.SIGINT, text[-3000:]
     assert "Traceback" not in text and "KeyboardInterrupt" not in text, text[-3000:]
     assert json.loads((run / "summary.json").read_text())["end_state"] == "stopped by signal"
     assert (run / "checkpoints" / "last.pt").is_file()
@@ -201,15 +203,8 @@ def test_sigusr2_saves_then_hands_over_to_the_handler_before_it(small_root, tmp_
     run = tmp_path / "run"
     common = args(small_root, "trainer.epochs=50", "trainer.log_every_n_steps=1", f"hydra.run.dir={run}")
     cmd = [sys.executable, "-c", UNDER_A_REQUEUE_HANDLER, str(run), str(REPO / "train.py"), *common]
-    proc = subprocess.Popen(cmd, cwd=REPO, env=launch_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    output, deadline = [], time.time() + 180
-    for line in proc.stdout:
-        output.append(line)
-        if "epoch 0 3/" in line or time.time() > deadline:
-            proc.send_signal(signal.SIGUSR2)
-            break
-    text = "".join(output) + proc.communicate(timeout=120)[0]
-    assert proc.returncode == 128 + signal.SIGUSR2, text[-3000:]
+    code, text = signal_at_line(cmd, "epoch 0 3/", signal.SIGUSR2)
+    assert code == 128 + signal.SIGUSR2, text[-3000:]
     assert json.loads((run / "requeued.json").read_text()) == [True, True]
     assert json.loads((run / "summary.json").read_text())["end_state"] == "stopped by signal"
     state = torch.load(run / "checkpoints" / "last.pt", map_location="cpu", weights_only=True)
