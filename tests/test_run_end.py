@@ -22,6 +22,7 @@ from dali_train.data.folder import scan_dataset
 from dali_train.data.order import epoch_order
 from dali_train.distributed import DistInfo
 from dali_train.divergence import Diverged
+from dali_train.ending import RunShape, ending_for
 from dali_train.engine import LoopControl, TrainParts, train_one_epoch
 from dali_train.logs import MetricsWriter
 from dali_train.optim import build_scheduler
@@ -243,3 +244,11 @@ def test_a_write_that_hits_a_full_disk_ends_as_disk_full():
     full = OSError(errno.ENOSPC, "No space left on device", "/run/checkpoints/.last.pt.tmp-1")
     assert ending_for(full, shape, 1800, training=True).state == "disk full"
     assert ending_for(ValueError("a bug"), shape, 1800, training=True) is None  # keeps its traceback
+
+
+def test_a_timeout_without_a_process_group_is_not_blamed_on_the_other_ranks():
+    """One process has no collective to time out: such a RuntimeError keeps its traceback (None),
+    instead of the "collective timed out" line that names trainer.dist_timeout_s."""
+    shape = RunShape("resnet18", 8, 1, torch.device("cpu"))
+    assert not torch.distributed.is_initialized()
+    assert ending_for(RuntimeError("socket read timed out"), shape, 1800, training=True) is None
