@@ -70,7 +70,9 @@ def run(cfg: DictConfig) -> float:
     setup_logging(dist, run_dir)
     log.info("config:\n%s", OmegaConf.to_yaml(cfg, resolve=True))  # as the run sees it (paths, interpolations)
     log.info("CUDA_DEVICE_MAX_CONNECTIONS=%s", cuda_queues or "unset (CUDA's default, 8)")
-    writer = MetricsWriter(run_dir, dist.is_main)
+    # An evaluation in a training run's dir (trainer.resume=auto) keeps that run's summary.json
+    evaluating_a_run = cfg.trainer.eval_only and (run_dir / "summary.json").is_file()
+    writer = MetricsWriter(run_dir, dist.is_main, "eval_summary.json" if evaluating_a_run else "summary.json")
     summary: dict = {"world_size": dist.world_size, "loader": cfg.loader.name, "model": cfg.model.name}
     started = time.perf_counter()
     try:
@@ -164,12 +166,13 @@ def train(cfg: DictConfig, dist: DistInfo, run_dir: Path, writer: MetricsWriter,
             f"trainer.eval_only=true trainer.resume={tc.resume}: no {checkpointer.path('last.pt')}, nothing to evaluate"
         )
     if resume:
-        state = checkpointer.restore(resume, parts)
+        state = checkpointer.restore(resume, parts, eval_only=tc.eval_only)
         start_epoch, start_step, best_top1 = state.next_epoch, state.next_step, state.best_top1
         log.info("resumed from %s at epoch %d step %d (best top-1 %.2f)", resume, start_epoch, start_step, best_top1)
     elif restart_count():
         log.warning("torchrun restart %d with trainer.resume=%s: training starts over", restart_count(), tc.resume)
-    writer.drop_after(start_epoch, parts.global_step)  # rows logged after the checkpoint: redone now
+    if not tc.eval_only:  # an evaluation in the training run's dir leaves its logs alone
+        writer.drop_after(start_epoch, parts.global_step)  # rows logged after the checkpoint: redone now
     summary["best_val_top1"] = best_top1
     fit = Fit(parts, loaders, checkpointer, writer, stop, tc, c.loader.name, summary, best_top1=best_top1)
     return fit.run(start_epoch, start_step)

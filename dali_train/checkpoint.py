@@ -73,7 +73,8 @@ def rng_state() -> dict[str, Any]:
         "python": [version, list(internal), gauss],
         "numpy": [torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(cached)],
         "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+        # this process's device only: a resume may see fewer GPUs (8 saved, 1 visible)
+        "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() and torch.cuda.is_initialized() else None,
     }
 
 
@@ -83,8 +84,15 @@ def restore_rng(state: dict[str, Any]) -> None:
     keys, pos, has_gauss, cached = state["numpy"]
     np.random.set_state(("MT19937", keys.numpy().astype(np.uint32), pos, has_gauss, cached))
     torch.set_rng_state(state["torch"])
-    if state.get("cuda") is not None and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    cuda = state.get("cuda")
+    if isinstance(cuda, list):  # checkpoints before 2026-12-01 saved every visible device's state
+        cuda = (
+            cuda[torch.cuda.current_device()]
+            if torch.cuda.is_available() and len(cuda) > torch.cuda.current_device()
+            else None
+        )
+    if cuda is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state(cuda)  # the current device: this rank's, set by select_device
 
 
 def tensor_bytes(obj: Any) -> int:
@@ -217,8 +225,9 @@ class Checkpointer:
                 f"the previous {path.name} is kept"
             ) from None
 
-    def restore(self, path: str, parts) -> Resumed:
-        """Load `path` into the training parts and position the schedule (see the module docstring)."""
+    def restore(self, path: str, parts, *, eval_only: bool = False) -> Resumed:
+        """Load `path` into the training parts and position the schedule (see the module docstring).
+        `eval_only`: a checkpoint with EMA weights evaluates them, as best.pt was chosen on them."""
         state = read_checkpoint(path)
         if not isinstance(state, dict) or "model" not in state or state.get("format_version") != FORMAT_VERSION:
             raise CheckpointError(
@@ -226,7 +235,15 @@ class Checkpointer:
                 f"(to start from its weights, use model.pretrained={path})"
             )
         self._check_fits(state, parts, path)
-        unwrap_model(parts.model).load_state_dict(state["model"])
+        ema_only = parts.ema is None and state["model_ema"] is not None  # its best.pt and top-1 are the EMA's
+        if ema_only and not eval_only:
+            raise CheckpointError(
+                f"trainer.ema=false: trainer.resume={path} was trained with trainer.ema=true (its top-1 is its EMA "
+                f"weights'); resume with trainer.ema=true, or start from its EMA weights with model.pretrained={path}"
+            )
+        unwrap_model(parts.model).load_state_dict(state["model_ema"] if ema_only else state["model"])
+        if ema_only:
+            log.info("trainer.resume=%s holds EMA weights: evaluating those (as its top-1 and best.pt were)", path)
         if parts.ema is not None:
             parts.ema.module.load_state_dict(state["model_ema"] if state["model_ema"] is not None else state["model"])
         self._load_optimizer(parts.optimizer, state["optimizer"], path)
@@ -234,14 +251,15 @@ class Checkpointer:
             parts.scaler.load_state_dict(state["scaler"])
         next_epoch, next_step = state["next_epoch"], state["next_step"]
         global_step = state["global_step"]
-        if next_step == 0 and state["updates_per_epoch"] != self.meta.updates_per_epoch:
-            global_step = next_epoch * self.meta.updates_per_epoch
+        if state["updates_per_epoch"] != self.meta.updates_per_epoch:  # mid-epoch: fewer steps or files only
+            global_step = next_epoch * self.meta.updates_per_epoch + next_step // self.meta.grad_accum_steps
             log.warning(
-                "updates per epoch changed from %d to %d (batch size, world size, accumulation or data): "
-                "the schedule continues at the start of epoch %d, update %d",
+                "updates per epoch changed from %d to %d (batch size, world size, accumulation, "
+                "trainer.max_steps_per_epoch or data): the schedule continues at epoch %d step %d, update %d",
                 state["updates_per_epoch"],
                 self.meta.updates_per_epoch,
                 next_epoch,
+                next_step,
                 global_step,
             )
         parts.global_step = global_step
@@ -265,9 +283,11 @@ class Checkpointer:
             raise CheckpointError(
                 f"trainer.resume={path}: checkpoint is of model {state['model_name']}, this run builds {meta.model_name}"
             )
-        for key in ("stem_blur_pool", "blur_strided_convs"):  # the blurs' filters are no saved tensors
-            then = (state.get("config") or {}).get("model", {}).get(key, False)
-            now = meta.config.get("model", {}).get(key, False)
+        # no saved tensor tells these networks apart: the blurs' filters are buffers built, not loaded,
+        # and kwargs may change only activations (act_layer: mish) with every shape the same
+        for key, default in (("stem_blur_pool", False), ("blur_strided_convs", False), ("kwargs", {})):
+            then = (state.get("config") or {}).get("model", {}).get(key, default)
+            now = meta.config.get("model", {}).get(key, default)
             if then != now:
                 raise CheckpointError(
                     f"model.{key}={now}: trainer.resume={path} was trained with model.{key}={then}; "
@@ -323,7 +343,9 @@ class Checkpointer:
     @staticmethod
     def _load_optimizer(optimizer: torch.optim.Optimizer, state: dict[str, Any], path: str) -> None:
         """The saved moments and step counts; hyperparameters (LR, decay, momentum) stay the current config's."""
-        current = [{k: v for k, v in g.items() if k != "params" and k not in GROUP_COUNTERS} for g in optimizer.param_groups]
+        current = [
+            {k: v for k, v in g.items() if k != "params" and k not in GROUP_COUNTERS} for g in optimizer.param_groups
+        ]
         try:
             optimizer.load_state_dict(state)
         except (ValueError, KeyError) as e:

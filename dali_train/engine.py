@@ -66,6 +66,7 @@ class EpochStats:
     data_wait_frac: float
     steps: int
     interrupted: bool
+    lr: float  # the LR of the epoch's last update
 
 
 def updates_per_epoch(loader_steps: int, max_steps: int | None, grad_accum_steps: int) -> int:
@@ -183,6 +184,7 @@ def train_one_epoch(
     start = window_start = time.perf_counter()
     tick = fetch_start = start
     step = 0
+    lr = p.optimizer.param_groups[0]["lr"]
     interrupted = False
     for step, (images, labels) in enumerate(loader, start=1):
         now = time.perf_counter()  # the wait for this batch: from the end of the previous step's work
@@ -191,8 +193,9 @@ def train_one_epoch(
         window = min(p.grad_accum_steps, total - (step - 1) // p.grad_accum_steps * p.grad_accum_steps)
         if buffers is not None and (step - 1) % p.grad_accum_steps == 0:
             buffers.take()  # the window's first micro-step
+        lr = p.optimizer.param_groups[0]["lr"]  # this update's (the scheduler sets the next one's after it)
         loss = forward_backward(p, images, labels, update=update, window=window)
-        losses.add(loss, step=start_step + step, update=p.global_step + 1, lr=p.optimizer.param_groups[0]["lr"])
+        losses.add(loss, step=start_step + step, update=p.global_step + 1, lr=lr)
         if update and skipping:  # a host sync per update, the price of skipping instead of stopping
             diverged = losses.check(p.dist, epoch=epoch)
             if diverged is not None:
@@ -222,7 +225,7 @@ def train_one_epoch(
             elapsed = tick - window_start
             values = {
                 "train/loss": loss.item(),
-                "train/lr": p.optimizer.param_groups[0]["lr"],
+                "train/lr": lr,
                 "perf/img_per_s": window_samples * p.dist.world_size / max(elapsed, 1e-9),
                 # the slowest rank's wait: the one that holds the others back at the all-reduce
                 "perf/data_wait_frac": all_reduce_max(window_data / max(elapsed, 1e-9), p.dist),
@@ -262,6 +265,7 @@ def train_one_epoch(
         data_wait_frac=all_reduce_max(data_time / max(elapsed, 1e-9), p.dist),
         steps=step,
         interrupted=interrupted,
+        lr=lr,
     )
 
 

@@ -141,7 +141,7 @@ class Fit:
             # The log row first, last.pt last: a kill in between leaves a checkpoint that claims no
             # epoch without its row; the resume redoes the epoch and replaces the rows after it.
             wait_s = next_epoch.waited_s if next_epoch is not None else None
-            self.writer.log_epoch(epoch, stats, epoch_metrics, p.optimizer.param_groups[0]["lr"], p.global_step, wait_s)
+            self.writer.log_epoch(epoch, stats, epoch_metrics, stats.lr, p.global_step, wait_s)
             if epoch_metrics is not None and epoch_metrics["top1"] >= self.best_top1:
                 self.save("best.pt", epoch + 1, 0)
             self.save("last.pt", epoch + 1, 0)

@@ -42,8 +42,8 @@ class MetricsWriter:
     """TensorBoard scalars, metrics.jsonl (one line per epoch) and steps.jsonl (one line per log
     interval); a no-op except on rank 0."""
 
-    def __init__(self, run_dir: Path, enabled: bool) -> None:
-        self.enabled, self.run_dir = enabled, run_dir
+    def __init__(self, run_dir: Path, enabled: bool, summary_name: str = "summary.json") -> None:
+        self.enabled, self.run_dir, self.summary_name = enabled, run_dir, summary_name
         self.started = time.perf_counter()  # metrics.jsonl's wall_time_s: time to accuracy
         self.earlier_jobs_s = 0.0  # a resumed run's time up to its checkpoint (set by drop_after)
         self._purge_step: int | None = None  # set by drop_after: TensorBoard hides older events from it on
@@ -167,9 +167,9 @@ class MetricsWriter:
 
     def summary(self, record: dict[str, Any]) -> None:
         if self.enabled:
-            tmp = self.run_dir / ".summary.json.tmp"
+            tmp = self.run_dir / f".{self.summary_name}.tmp"
             tmp.write_text(json.dumps(record, indent=2) + "\n")
-            tmp.replace(self.run_dir / "summary.json")
+            tmp.replace(self.run_dir / self.summary_name)
 
     def close(self) -> None:
         if self._writer is not None:

@@ -187,9 +187,9 @@ class SchedulerConfig:
 
 @dataclass
 class AnnealSchedulerConfig(SchedulerConfig):
-    """scheduler=cosine and scheduler=linear: from the peak down to min_lr at the last step."""
+    """scheduler=cosine and scheduler=linear: from the peak down to min_lr at the end of the run."""
 
-    min_lr: float = 0.0  # LR at the last step
+    min_lr: float = 0.0  # LR at the end (the step after the last update, as timm's schedules end)
 
     def __post_init__(self) -> None:
         super().__post_init__()

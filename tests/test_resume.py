@@ -20,7 +20,7 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from dali_train.optim import build_scheduler
-from tests.conftest import REPO, TINY, InProcessRun, exit_code, launch_env, run_inprocess
+from tests.conftest import REPO, TINY, InProcessRun, exit_code, launch_env, read_json, run_inprocess
 from tests.test_checkpoint import crafted_checkpoint
 
 STEPS = 3  # trainer.max_steps_per_epoch: 3 updates per epoch at batch 8
@@ -86,8 +86,8 @@ def test_more_epochs_on_resume_continue_on_the_longer_schedule(small_root, train
     schedule = build_scheduler(sched, optimizer, steps_per_epoch=STEPS, epochs=2)
     logged = rows(run / "steps.jsonl")
     assert logged and all(r["epoch"] == 1 for r in logged)
-    for r in logged:
-        schedule.step_update(num_updates=r["step"])
+    for r in logged:  # a row's LR is its update's: the schedule's value after the update before it
+        schedule.step_update(num_updates=r["step"] - 1)
         assert math.isclose(r["train/lr"], optimizer.param_groups[0]["lr"], rel_tol=1e-6, abs_tol=1e-12), r
     assert any(r["train/lr"] > 0.1 * 0.1 * 8 / 256 for r in logged)
 
@@ -98,12 +98,45 @@ def test_an_optimizer_change_on_resume_is_one_line(small_root, trained, tmp_path
     assert_one_line_ending(ended, "optimizer.name=adamw", "optimizer.name=sgd")
 
 
-@pytest.mark.parametrize("key", ["stem_blur_pool", "blur_strided_convs"])
-def test_a_blur_change_on_resume_is_one_line(small_root, trained, tmp_path, key):
-    """A blur's filter is not a saved tensor: the check names the option, not a wall of keys."""
+@pytest.mark.parametrize(
+    "override, now, then",
+    [
+        ("model.stem_blur_pool=true", "model.stem_blur_pool=True", "model.stem_blur_pool=False"),
+        ("model.blur_strided_convs=true", "model.blur_strided_convs=True", "model.blur_strided_convs=False"),
+        ("+model.kwargs.act_layer=mish", "model.kwargs={'act_layer': 'mish'}", "model.kwargs={}"),
+    ],
+)
+def test_a_network_change_no_tensor_shows_is_one_line_on_resume(small_root, trained, tmp_path, override, now, then):
+    """A blur's filter is not a saved tensor, and another activation changes no shape: the check
+    names the option (the weights loaded silently into the other network)."""
     resume = f"trainer.resume={trained / 'checkpoints' / 'last.pt'}"
-    ended = run_inprocess(args(small_root, f"model.{key}=true", resume), tmp_path / "run", check=False)
-    assert_one_line_ending(ended, f"model.{key}=True", f"model.{key}=False")
+    ended = run_inprocess(args(small_root, override, resume), tmp_path / "run", check=False)
+    assert_one_line_ending(ended, now, then, "another network")
+
+
+def test_an_ema_checkpoint_resumes_with_its_ema_and_is_evaluated_on_it(small_root, trained, tmp_path):
+    """best.pt and the logged top-1 of an EMA run are its EMA weights': a resume without the EMA is
+    one line (it dropped them), and an evaluation takes them (it evaluated the raw weights)."""
+    last = trained / "checkpoints" / "last.pt"
+    ended = run_inprocess(args(small_root, "trainer.epochs=2", f"trainer.resume={last}"), tmp_path / "a", check=False)
+    assert_one_line_ending(ended, "trainer.ema=false", "trainer.ema=true", f"model.pretrained={last}")
+    evaluated = run_inprocess(args(small_root, "trainer.eval_only=true", f"trainer.resume={last}"), tmp_path / "b")
+    assert "holds EMA weights" in evaluated.log
+    assert evaluated.summary["val_loss"] == pytest.approx(read_json(trained / "summary.json")["val_loss"], rel=1e-5)
+
+
+def test_eval_only_in_the_training_runs_dir_leaves_its_logs_and_summary(small_root, tmp_path):
+    """Evaluating an earlier checkpoint of a run in that run's dir: its metrics, steps and summary
+    stay (the evaluation dropped the later epochs' rows and overwrote summary.json)."""
+    run, common = tmp_path / "run", args(small_root, f"trainer.max_steps_per_epoch={STEPS}")
+    run_inprocess([*common, "trainer.epochs=1"], run)
+    first = run / "checkpoints" / "epoch1.pt"
+    shutil.copy(run / "checkpoints" / "last.pt", first)
+    run_inprocess([*common, "trainer.epochs=2", "trainer.resume=auto"], run)
+    logs = {name: (run / name).read_text() for name in ("metrics.jsonl", "steps.jsonl", "summary.json")}
+    run_inprocess([*common, "trainer.eval_only=true", f"trainer.resume={first}"], run)
+    assert {name: (run / name).read_text() for name in logs} == logs
+    assert read_json(run / "eval_summary.json")["val_samples"] == 50  # 10 classes x 5
 
 
 def test_a_negative_lr_is_one_line(small_root, tmp_path):
@@ -166,19 +199,29 @@ def test_sigterm_finishes_the_step_saves_last_pt_and_exits(small_root, tmp_path)
 @pytest.mark.slow
 def test_ctrl_c_in_a_terminal_saves_and_ends_in_one_line(small_root, tmp_path):
     """SIGINT where Python's own handler is installed (a terminal's Ctrl-C; a background job ignores
-    SIGINT): last.pt saved, exit 128+2, and no KeyboardInterrupt traceback from that handler."""
+    SIGINT): last.pt saved, exit 128+2, and no KeyboardInterrupt traceback from that handler. That
+    mid-epoch checkpoint resumed with shorter epochs continues on the new schedule's position (it kept
+    the old update count, and the run's last updates went past the schedule's end, at min_lr)."""
     run = tmp_path / "run"
-    common = args(small_root, "trainer.epochs=50", "trainer.log_every_n_steps=1", f"hydra.run.dir={run}")
-    cmd = [sys.executable, str(REPO / "train.py"), *common]
+    common = args(small_root, "trainer.epochs=50", "trainer.max_steps_per_epoch=6", "trainer.log_every_n_steps=1")
+    cmd = [sys.executable, str(REPO / "train.py"), *common, f"hydra.run.dir={run}"]
 
     def default_sigint() -> None:  # as a terminal leaves it: Python then installs its own handler
         signal.signal(signal.SIGINT, signal.SIG_DFL)
 
-    code, text = signal_at_line(cmd, "epoch 0 2/", signal.SIGINT, preexec_fn=default_sigint)
+    code, text = signal_at_line(cmd, "epoch 1 2/", signal.SIGINT, preexec_fn=default_sigint)
     assert code == 128 + signal.SIGINT, text[-3000:]
     assert "Traceback" not in text and "KeyboardInterrupt" not in text, text[-3000:]
     assert json.loads((run / "summary.json").read_text())["end_state"] == "stopped by signal"
-    assert (run / "checkpoints" / "last.pt").is_file()
+    last = run / "checkpoints" / "last.pt"
+    saved = torch.load(last, map_location="cpu", weights_only=True)
+    assert saved["next_epoch"] == 1 and 2 <= saved["next_step"] < 5, saved["next_step"]
+
+    shorter = args(small_root, "trainer.epochs=2", "trainer.max_steps_per_epoch=5", f"trainer.resume={last}")
+    resumed = run_inprocess(shorter, tmp_path / "shorter")
+    assert "updates per epoch changed from 6 to 5" in resumed.log
+    final = torch.load(tmp_path / "shorter" / "checkpoints" / "last.pt", map_location="cpu", weights_only=True)
+    assert final["global_step"] == 2 * 5  # the 2-epoch schedule's length, no update past it
 
 
 # train.py under a SIGUSR2 handler of its own, as submitit installs one (its requeue): the handler
@@ -216,14 +259,16 @@ def test_batch_size_change_at_an_epoch_boundary_maps_by_epoch(small_root, traine
     the new batch size's schedule (the documented mapping; mid-epoch: the SIGTERM test above)."""
     mapped = tmp_path / "b"
     resume = f"trainer.resume={trained / 'checkpoints' / 'last.pt'}"
-    resumed = run_inprocess([*args(small_root, "trainer.epochs=2", resume), "loader.batch_size=16"], mapped)
+    resumed = run_inprocess(
+        [*args(small_root, "trainer.epochs=2", resume, "trainer.ema=true"), "loader.batch_size=16"], mapped
+    )
     assert "updates per epoch changed from 3 to 8" in resumed.log
     assert torch.load(mapped / "checkpoints" / "last.pt", weights_only=True)["global_step"] == 2 * 8
 
 
 def test_grad_accum_schedule_length_is_the_updates_made(small_root, tmp_path):
-    """5 micro-steps at accumulation 2 make 3 updates per epoch: the LR reaches min_lr (0) only at
-    the run's last update (floor made 2 per epoch: the last updates ran at min_lr)."""
+    """5 micro-steps at accumulation 2 make 3 updates per epoch: every update runs at a live LR, and
+    the schedule reaches min_lr (0) as the run ends (floor made 2 per epoch: the last updates ran at 0)."""
     run = tmp_path / "run"
     run_inprocess(
         args(small_root, "trainer.epochs=2", "trainer.max_steps_per_epoch=5", "trainer.grad_accum_steps=2")
@@ -231,8 +276,9 @@ def test_grad_accum_schedule_length_is_the_updates_made(small_root, tmp_path):
         run,
     )
     assert torch.load(run / "checkpoints" / "last.pt", weights_only=True)["global_step"] == 6
-    logged = rows(run / "steps.jsonl")
-    assert {r["step"] for r in logged if r["train/lr"] == 0} == {6}
+    logged = rows(run / "steps.jsonl")  # the LR each logged update ran at
+    assert len(logged) == 10 and all(r["train/lr"] > 0 for r in logged), logged
+    assert rows(run / "metrics.jsonl")[-1]["lr"] == logged[-1]["train/lr"]  # the epoch row: its last update's
 
 
 @pytest.mark.slow
