@@ -71,6 +71,33 @@ def test_bad_files_are_skipped_with_their_reason_and_the_rest_decodes(bad_tree, 
     assert "truncated.JPEG" in caplog.text  # the warning names the file
 
 
+def test_cut_png_and_webp_files_and_riff_files_of_other_kinds_are_skipped(tmp_path):
+    """The formats besides JPEG are checked at their end too: a cut PNG or WebP passed the startup
+    check and stopped the run mid-epoch in both loaders; a WAV (also RIFF) passed as a WebP."""
+    root = make_tree(tmp_path / "ds")
+    a = root / "train" / "a"
+    img = synthetic_image(0, "train", 1, 9, 2, 90, 70, 10)
+    img.save(a / "ok.png")
+    img.save(a / "ok.webp", format="WEBP")
+    png, webp = (a / "ok.png").read_bytes(), (a / "ok.webp").read_bytes()
+    (a / "cut.png").write_bytes(png[: len(png) // 2])
+    (a / "tail.png").write_bytes(png + bytes(100))  # bytes after IEND: decoders stop at IEND
+    (a / "cut.webp").write_bytes(webp[: len(webp) // 2])
+    (a / "sound.webp").write_bytes(b"RIFF" + (36).to_bytes(4, "little") + b"WAVEfmt " + bytes(28))
+    ds = scan_dataset(str(root))
+    skipped = {Path(p).name: reason for p, reason in ds.train.excluded}
+    assert skipped == {
+        "cut.png": "truncated PNG (no IEND chunk)",
+        "cut.webp": "truncated WebP (shorter than its RIFF header says)",
+        "sound.webp": "not an image (unknown header)",
+    }
+    kept = [f for f in ds.train.files if Path(f).suffix != ".JPEG"]
+    assert {Path(f).name for f in kept} == {"ok.png", "ok.webp", "tail.png"}
+    for f in kept:
+        with Image.open(f) as im:
+            im.load()
+
+
 def test_exclude_list_is_honoured(bad_tree, tmp_path, caplog):
     """Relative paths, a `#` inside a file name, a trailing comment, and a path as an error names
     it (absolute, or the real path behind a symlinked data.root) are excluded; an entry that matches
