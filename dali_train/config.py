@@ -63,6 +63,13 @@ class ProgressiveConfig:
     end_epoch: int = 10  # epoch at which end_size is reached
     step: int = 32  # sizes are rounded to the nearest multiple of this, as in FFCV
 
+    def __post_init__(self) -> None:
+        must_be_at_least("data.progressive.step", self.step, 1)
+        must_be_at_least("data.progressive.start_size", self.start_size, self.step)
+        must_be_at_least("data.progressive.end_size", self.end_size, self.step)
+        must_be_at_least("data.progressive.start_epoch", self.start_epoch, 0)
+        must_be_at_least("data.progressive.end_epoch", self.end_epoch, self.start_epoch)
+
 
 @dataclass
 class DataConfig:
@@ -85,6 +92,13 @@ class DataConfig:
     def __post_init__(self) -> None:
         must_be_one_of("data.train_transform", self.train_transform, TRAIN_TRANSFORMS)
         must_be_one_of("data.val_resize_mode", self.val_resize_mode, VAL_RESIZE_MODES)
+        for key in ("train_size", "val_size", "val_resize"):
+            must_be_at_least(f"data.{key}", getattr(self, key), 1)
+        for key, bounds in (("crop_scale", self.crop_scale), ("crop_ratio", self.crop_ratio)):
+            if len(bounds) != 2 or not 0 < bounds[0] <= bounds[1]:  # the loaders fail on it at the first batch
+                raise UserError(f"data.{key}={list(bounds)}: must be [min, max] with 0 < min <= max")
+        if len(self.mean) != 3 or len(self.std) != 3 or min(self.std) <= 0:
+            raise UserError(f"data.mean={list(self.mean)} data.std={list(self.std)}: 3 values each, std above 0")
         if self.val_resize < self.val_size:  # DALI cannot crop outside the image; torchvision would pad zeros
             raise UserError(f"data.val_resize={self.val_resize}: below data.val_size={self.val_size}; the crop is cut from it")
 
@@ -172,6 +186,7 @@ class Config:
 
     def __post_init__(self) -> None:
         """Checks that involve two groups (each group has checked its own keys by now)."""
+        must_be_in("seed", self.seed, 0, 2**32)  # numpy's range; ranks and epochs derive theirs from it
         t = self.trainer
         if t.eval_only and not (t.resume or self.model.pretrained):
             raise UserError("trainer.eval_only=true needs trainer.resume=PATH or model.pretrained=PATH")

@@ -109,6 +109,15 @@ def test_a_key_of_another_option_fails_at_composition_like_a_typo(hydra_conf, ov
         (["trainer.ema_decay=1.0"], "trainer.ema_decay=1.0: must be in [0, 1)"),
         (["model.drop_path_rate=1.0"], "model.drop_path_rate=1.0: must be in [0, 1)"),
         (["optimizer=adamw", "optimizer.name=adan", "optimizer.betas=[0.9,0.99]"], "adan takes 3"),
+        # the data keys below crashed a loader at the first batch (each loader its own way)
+        (["data.crop_scale=[0.08]"], "data.crop_scale=[0.08]: must be [min, max] with 0 < min <= max"),
+        (["data.crop_scale=[1.0,0.08]"], "data.crop_scale=[1.0, 0.08]: must be [min, max]"),
+        (["data.crop_ratio=[0.0,1.0]"], "data.crop_ratio=[0.0, 1.0]: must be [min, max]"),
+        (["data.train_size=0"], "data.train_size=0: must be at least 1"),
+        (["data.std=[0.2,0.2,0.0]"], "std above 0"),
+        (["data.progressive.enabled=true", "data.progressive.step=0"], "data.progressive.step=0: must be at least 1"),
+        (["data.progressive.end_epoch=-1"], "data.progressive.end_epoch=-1: must be at least 0"),
+        (["seed=-1"], "seed=-1: must be in [0, 4294967296)"),
     ],
 )
 def test_option_values_are_checked_by_the_schema_before_any_work(hydra_conf, overrides, message):

@@ -169,6 +169,10 @@ def build_loaders(
         files = dataset.train.files + dataset.val.files
         dataset = dataset.without(all_gather_lists(find_bad_files(files[dist.rank :: dist.world_size]), dist))
         warn_excluded(dataset)
+    if len(dataset.val) < dist.world_size:  # an empty val shard: DALI refuses it, a DataLoader rank waits alone
+        raise DatasetError(
+            f"{dataset.val.root}: {len(dataset.val)} val files for {dist.world_size} processes; each needs at least one"
+        )
     transform = Transform(
         crop_scale=tuple(data.crop_scale),
         crop_ratio=tuple(data.crop_ratio),

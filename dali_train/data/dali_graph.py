@@ -3,7 +3,7 @@ crop or squish, flip, normalize), in one of three placements (`Placement`):
 - `dali` on a GPU: the "mixed" decoder (nvJPEG, with the hardware JPEG engine taking
   `hw_decoder_load` of the images) fused with the random crop, then resize, flip and normalize on
   the GPU;
-- `dali_cpu` on a GPU: decode, crop and resize on CPU threads, normalize on the GPU;
+- `dali_cpu` on a GPU: decode and crop on CPU threads, then resize, flip and normalize on the GPU;
 - either one without a GPU (`device_id=None`): everything on CPU threads; the tests run this.
 `data.dali.DaliLoader` builds them per epoch and iterates them.
 """

@@ -101,6 +101,17 @@ def test_val_sees_every_file_exactly_once_at_any_world_size(sample_root, world):
     assert sum(per_rank, []) == ld.dataset.val.labels
 
 
+def test_fewer_val_files_than_processes_is_one_line_at_start(tmp_path):
+    """Each rank validates a contiguous shard: with fewer val files than ranks one shard is empty,
+    which DALI refused after the first epoch and a DataLoader rank sat alone in a collective with."""
+    from dali_train.data.sample import make_image_folder
+
+    root = make_image_folder(tmp_path / "tiny", num_classes=2, train_per_class=2, val_per_class=1)
+    with pytest.raises(DatasetError, match=r"val: 2 val files for 3 processes; each needs at least one"):
+        loaders(root, "loader=dali_cpu", *SMALL, rank=0, world=3)
+    assert len(loaders(root, "loader=dali_cpu", *SMALL, rank=1, world=2).val) == 1
+
+
 @pytest.mark.parametrize("world", [2, 3])
 def test_train_step_counts_match_across_ranks_and_cover_the_set(small_root, world):
     steps, labels = [], []
