@@ -95,8 +95,10 @@ def run(cfg: DictConfig) -> float:
 
 
 def end_run(writer: MetricsWriter, summary: dict, ending: Ending, started: float) -> None:
-    """summary.json with `end_state`, and the last log line: how the run ended."""
-    summary.update(end_state=ending.state, wall_time_s=time.perf_counter() - started)
+    """summary.json with `end_state`, and the last log line: how the run ended. `wall_time_s` runs
+    from the run's start over all its jobs, as metrics.jsonl's; `job_wall_time_s` is this job's."""
+    job_s = time.perf_counter() - started
+    summary.update(end_state=ending.state, wall_time_s=writer.earlier_jobs_s + job_s, job_wall_time_s=job_s)
     if ending.message:
         summary["end_message"] = ending.message
     summary["device"] = str(summary.get("device"))

@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         mean = "–" if not top1 else f"{statistics.mean(top1):.2f}"
         if len(top1) > 1:  # one run has no spread
             mean += f" ± {statistics.stdev(top1):.2f}"
-        # A resumed run's summary.json times its last job only; metrics.jsonl's times run from its start.
+        # Both time the run from its start over its jobs (summary.json from 2026-12-01; before, its last job only).
         wall = [max(s.get("wall_time_s") or 0.0, r[-1]["wall_time_s"] if r else 0.0) for s, r in zip(summaries, rows, strict=True)]
         reached = " / ".join(span([time_to(r, m) for r in rows]) for m in args.marks)
         print(
