@@ -291,7 +291,8 @@ class Checkpointer:
             if then != now:
                 raise CheckpointError(
                     f"model.{key}={now}: trainer.resume={path} was trained with model.{key}={then}; "
-                    f"its weights would load into another network"
+                    f"its weights would load into another network (resume with model.{key}={then}, or start "
+                    f"the new network from them with model.pretrained={path})"
                 )
         if state["optimizer_name"] != meta.optimizer_name:
             raise CheckpointError(
