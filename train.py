@@ -49,6 +49,7 @@ from dali_train.errors import UserError
 from dali_train.fit import Fit
 from dali_train.logs import MetricsWriter, setup_logging
 from dali_train.parts import build_train_parts
+from dali_train.sweep import write_sweep_summary
 
 log = logging.getLogger("dali_train")
 
@@ -182,17 +183,26 @@ def train(cfg: DictConfig, dist: DistInfo, run_dir: Path, writer: MetricsWriter,
 
 _task_started = False  # composition errors happen before it; see __main__
 _failed_jobs: list[str] = []  # a multirun's jobs that ended with an error, for its exit code
+_failed_jobs_dir: list[str] = []  # their sweep dir
+
+
+class TrialFailed(Exception):
+    """A failed job of an Optuna search, raised to its sweeper, which records a failed trial."""
 
 
 def _end_job(code: int, message: str) -> float:
     """A run that ended with an error: exit with its code, except in a one-process multirun, where
-    the other jobs still run (the job's NaN marks a failed trial for Optuna) and the sweep exits
-    with the code at its end. A signal (preemption) or a multi-process job still ends the sweep."""
+    the other jobs still run and the sweep exits with the code at its end: the job returns NaN to
+    Hydra's basic sweeper (which would stop at a raised job) and raises TrialFailed to Optuna's
+    (whose tell() raises on a NaN). A signal (preemption) or a multi-process job still ends the sweep."""
     multirun = HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
     if not (multirun and code == EXIT_USER and not read_launch_env().enabled):
         shutdown()
         sys.exit(code)
     _failed_jobs.append(f"job {HydraConfig.get().job.num}: {message}")
+    _failed_jobs_dir[:] = [HydraConfig.get().sweep.dir]
+    if "optuna" in str(HydraConfig.get().sweeper.get("_target_", "")):
+        raise TrialFailed(message)
     return float("nan")
 
 
@@ -229,10 +239,13 @@ if __name__ == "__main__":
     try:
         main()
     except Exception as e:
-        if _task_started or hydra_traceback:  # a bug in the run: its traceback follows
+        if _failed_jobs and "No trials are completed" in str(e):  # Optuna's end when every trial failed
+            write_sweep_summary(_failed_jobs_dir[0])
+        elif _task_started or hydra_traceback:  # a bug in the run: its traceback follows
             raise
-        print(f"error: {composition_error_line(e)}", file=sys.stderr)
-        sys.exit(EXIT_USER)
+        else:
+            print(f"error: {composition_error_line(e)}", file=sys.stderr)
+            sys.exit(EXIT_USER)
     if _failed_jobs:  # a multirun whose every job ran, some with an error
         print(f"error: {len(_failed_jobs)} job(s) of the sweep failed; " + "; ".join(_failed_jobs), file=sys.stderr)
         sys.exit(EXIT_USER)

@@ -127,24 +127,29 @@ def test_a_job_that_ended_early_is_marked_and_left_out_of_the_mean_over_seeds(tm
     }  # fmt: skip
 
 
-def test_optuna_sweep_three_trials(small_root, tmp_path, capfd):
+def test_optuna_sweep_three_trials_one_failing(small_root, tmp_path, capfd):
+    """A trial with a bad value is a failed trial and the search goes on (a failed job's NaN made
+    Optuna's tell() raise: the search died at the first failure); the sweep exits 2 at its end."""
     pytest.importorskip("hydra_plugins.hydra_optuna_sweeper")
     sweep = tmp_path / "optuna"
-    run_script(
+    proc = run_script(
         "train.py",
         "-m",
         "+hparams_search=optuna",
         "hydra.sweeper.n_trials=3",
         *TINY,
+        "trainer.label_smoothing=interval(0.0,1.5)",  # 1 or more: a failed trial
         f"data.root={small_root}",
         "trainer.epochs=1",
         f"hydra.sweep.dir={sweep}",
         capfd=capfd,
+        check=False,
     )
-    assert len(job_dirs(sweep)) == 3
-    rows = list(csv.DictReader(open(sweep / "sweep_summary.csv")))
-    assert len(rows) == 3 and all("optimizer.lr=" in r["overrides"] for r in rows)
+    states = [r["end_state"] for r in csv.DictReader(open(sweep / "sweep_summary.csv"))]
+    assert len(job_dirs(sweep)) == 3 and len(states) == 3, states
+    assert "completed" in states and "error" in states, states
     assert (sweep / "optimization_results.yaml").is_file()  # Optuna's own record of the best trial
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].startswith("error: "), proc.stderr[-2000:]
 
 
 def test_slurm_launcher_config_composes_without_slurm():
