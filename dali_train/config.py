@@ -159,6 +159,14 @@ class TrainerConfig:
 
     def __post_init__(self) -> None:
         must_be_one_of("trainer.amp", self.amp, AMP_CHOICES)
+        if self.clip_grad_norm is not None and self.clip_grad_norm <= 0:  # below 0 torch reverses the gradients
+            raise UserError(f"trainer.clip_grad_norm={self.clip_grad_norm}: must be above 0, or null for no clipping")
+        for key in ("max_steps_per_epoch", "max_val_steps", "dist_timeout_s"):
+            if getattr(self, key) is not None:
+                must_be_at_least(f"trainer.{key}", getattr(self, key), 1)
+        for key in ("save_every_n_steps", "max_nonfinite_skips"):
+            must_be_at_least(f"trainer.{key}", getattr(self, key), 0)
+        must_be_in("trainer.cuda_max_connections", self.cuda_max_connections, 0, 32, high_ok=True)  # CUDA's range
         must_be_one_of("trainer.device", self.device, DEVICE_CHOICES)
         must_be_one_of("trainer.compile_mode", self.compile_mode, COMPILE_MODES)
         for key in ("epochs", "grad_accum_steps", "log_every_n_steps", "val_every_n_epochs"):
@@ -176,7 +184,7 @@ class TrainerConfig:
 
 @dataclass
 class Config:
-    seed: int = 0  # base seed; ranks and epochs derive theirs from it
+    seed: int = 0  # base seed: model init uses it on every rank; rank/epoch streams derive theirs from it
     data: DataConfig = field(default_factory=DataConfig)
     loader: LoaderConfig = MISSING  # conf/loader/<name>.yaml, on its option's schema
     model: ModelConfig = field(default_factory=ModelConfig)

@@ -118,6 +118,10 @@ def test_a_key_of_another_option_fails_at_composition_like_a_typo(hydra_conf, ov
         (["data.progressive.enabled=true", "data.progressive.step=0"], "data.progressive.step=0: must be at least 1"),
         (["data.progressive.end_epoch=-1"], "data.progressive.end_epoch=-1: must be at least 0"),
         (["seed=-1"], "seed=-1: must be in [0, 4294967296)"),
+        (["trainer.clip_grad_norm=-100"], "trainer.clip_grad_norm=-100.0: must be above 0"),  # trained uphill
+        (["trainer.max_val_steps=-1"], "trainer.max_val_steps=-1: must be at least 1"),  # crashed after an epoch
+        (["trainer.save_every_n_steps=-1"], "trainer.save_every_n_steps=-1: must be at least 0"),
+        (["trainer.cuda_max_connections=64"], "trainer.cuda_max_connections=64: must be in [0, 32]"),
     ],
 )
 def test_option_values_are_checked_by_the_schema_before_any_work(hydra_conf, overrides, message):
@@ -187,4 +191,20 @@ def test_a_local_dataset_path_applies_to_its_option_only(tmp_path):
         assert compose("config", overrides=["+experiment=imagenette_128_5ep"]).data.root == "/data/imagenette"
         assert compose("config", overrides=["data=imagenette", "data.root=/x"]).data.root == "/x"
         assert compose("config").data.name == "sample" and "sample" in str(compose("config").data.root)
+    GlobalHydra.instance().clear()
+
+
+@pytest.mark.parametrize("loader, key, value", [("pytorch", "num_workers", 3), ("dali_cpu", "num_threads", 2)])
+def test_each_loader_reads_its_own_local_file(tmp_path, loader, key, value):
+    """conf/local/loader/NAME.yaml (what benchmark.py --tune writes for dali) applies to that loader
+    only; only dali's was read before, the others were silently ignored."""
+    conf = tmp_path / "conf"
+    shutil.copytree(CONF, conf, ignore=shutil.ignore_patterns("local"))
+    (conf / "local" / "loader").mkdir(parents=True)
+    (conf / "local" / "loader" / f"{loader}.yaml").write_text(f"{key}: {value}\n")
+    register_configs()
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
+        assert compose("config", overrides=[f"loader={loader}"]).loader[key] == value
+        assert compose("config").loader.name == "dali" and compose("config").loader.get(key) != value
     GlobalHydra.instance().clear()
