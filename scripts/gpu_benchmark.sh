@@ -22,6 +22,8 @@ MODE=${1:?1gpu or 2gpu}
 OUT=${2:?output folder}
 [[ $MODE =~ ^(1gpu|2gpu)$ ]] || { echo "error: mode $MODE: expected 1gpu or 2gpu" >&2; exit 2; }
 mkdir -p "$OUT"
+# A reused OUT: results of an earlier run would stand in for a step that fails now, in summary.md
+rm -f "$OUT"/{rn18,rn50,one_gpu,two_gpus,startup}.json "$OUT"/*.metrics.jsonl "$OUT"/profile_*.txt "$OUT"/summary.md
 exec > >(tee "$OUT/gpu_benchmark_$MODE.log") 2>&1
 export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 NCPU=$(nproc)

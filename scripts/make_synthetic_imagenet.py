@@ -41,8 +41,9 @@ def main() -> None:
     args = ap.parse_args()
     if Path(args.out).exists():
         sys.exit(f"error: --out {args.out} exists; choose a new folder")
-    if args.links < 1:
-        sys.exit(f"error: --links {args.links}: must be at least 1")
+    for flag, value in (("--links", args.links), ("--classes", args.classes), ("--train-per-class", args.train_per_class)):
+        if value < 1:
+            sys.exit(f"error: {flag} {value}: must be at least 1")
     total = args.classes * (args.train_per_class + args.val_per_class)
     start = time.perf_counter()
     with tqdm(total=total, unit="img", disable=None) as bar:

@@ -25,9 +25,10 @@ EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp")
 
 
 def resize_one(job: tuple[str, str, int, int]) -> str | None:
+    """None when written, "kept" when dst was there (a rerun resumes), else the error."""
     src, dst, max_side, quality = job
     if os.path.exists(dst):
-        return None
+        return "kept"
     try:
         os.makedirs(os.path.dirname(dst), exist_ok=True)
         tmp = dst + ".tmp"
@@ -58,6 +59,8 @@ def main() -> None:
     src, dst = Path(args.src), Path(args.dst)
     if not src.is_dir():
         sys.exit(f"error: {src}: no such folder")
+    if dst.resolve() == src.resolve() or src.resolve() in dst.resolve().parents or dst.resolve() in src.resolve().parents:
+        sys.exit(f"error: {dst}: the output must be a folder outside {src} (and not holding it)")
     jobs = [
         (str(p), str(dst / p.relative_to(src)), args.max_side, args.quality)
         for p in sorted(src.glob("*/*/*"))
@@ -66,13 +69,16 @@ def main() -> None:
     if not jobs:
         sys.exit(f"error: {src}: no images under <split>/<class>/")
     with ProcessPoolExecutor(args.workers) as pool:
-        errors = [
-            e for e in tqdm(pool.map(resize_one, jobs, chunksize=32), total=len(jobs), unit="img", disable=None) if e
-        ]
+        results = list(tqdm(pool.map(resize_one, jobs, chunksize=32), total=len(jobs), unit="img", disable=None))
+    errors = [r for r in results if r and r != "kept"]
+    kept = results.count("kept")
     for e in errors[:20]:
         print(f"skipped {e}", file=sys.stderr)
     size = sum(f.stat().st_size for f in dst.rglob("*") if f.is_file())
-    print(f"{len(jobs) - len(errors)} images in {dst} ({size / 2**20:.1f} MiB); {len(errors)} skipped")
+    print(
+        f"{len(jobs) - len(errors) - kept} images written to {dst} ({size / 2**20:.1f} MiB there); {len(errors)} skipped; "
+        f"{kept} already there, kept as they are (not checked against --max-side)"
+    )
 
 
 if __name__ == "__main__":

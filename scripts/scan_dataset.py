@@ -143,6 +143,8 @@ def main() -> None:
     root = Path(args.root)
     if not root.is_dir():
         sys.exit(f"error: {root}: no such folder")
+    if not Path(args.out).resolve().parent.is_dir():  # checked before the decode pass, not after it
+        sys.exit(f"error: --out {args.out}: no folder {Path(args.out).parent} to write its report in")
     files, dangling = list_files(root)
     if not files:
         sys.exit(f"error: {root}: no images under <split>/<class>/")

@@ -46,6 +46,8 @@ def main(argv: list[str] | None = None) -> int:
     rng = random.Random(args.seed)
     counts = {"train": 0, "val": 0}
     classes = sorted(e.name for e in os.scandir(train) if e.is_dir() and not e.name.startswith("."))
+    if not classes:
+        sys.exit(f"error: {train}: no class folders (expected SRC/train/<class>/)")
     plan = {}  # checked for every class before any link is made
     for cls in classes:
         names_of: dict[str, list[str]] = {}  # a distinct file -> its names in the class folder

@@ -69,6 +69,8 @@ def main() -> None:
             failed += 1
             print(f"  point {n} failed; continuing", file=sys.stderr)
     if not args.dry_run:
+        if not any(out.glob("*/summary.json")):  # no point got as far as its run dir (a typo in an override, say)
+            sys.exit(f"error: none of the {len(points)} points wrote a summary.json under {out}; see their output above")
         write_sweep_summary(out)
         print((out / "sweep_summary.md").read_text())
     sys.exit(1 if failed else 0)

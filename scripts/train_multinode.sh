@@ -12,6 +12,6 @@ MASTER=${MASTER:?host:port of the rendezvous (node 0)}
 NPROC=${NPROC:-$(nvidia-smi -L 2>/dev/null | grep -c GPU || true)}  # GPUs of this node
 [ "${NPROC:-0}" -gt 0 ] || NPROC=1
 RDZV_ID=${RDZV_ID:-dali-train}
-cd "$(dirname "$0")/.."
+# From where it was launched (no cd): relative data paths and outputs/ stay where the user is, as with train.py
 exec torchrun --nnodes="$NNODES" --node_rank="$NODE_RANK" --nproc_per_node="$NPROC" \
-  --rdzv_backend c10d --rdzv_endpoint "$MASTER" --rdzv_id "$RDZV_ID" train.py "$@"
+  --rdzv_backend c10d --rdzv_endpoint "$MASTER" --rdzv_id "$RDZV_ID" "$(dirname "$0")/../train.py" "$@"

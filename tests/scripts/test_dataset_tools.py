@@ -150,6 +150,11 @@ def test_resize_dataset_keeps_layout_and_caps_the_side(tmp_path):
     # a JPEG already within the side is copied, not re-encoded (no second generation of loss)
     assert (tmp_path / "dst" / "train" / "c" / "small.JPEG").read_bytes() == (src / "train" / "c" / "small.JPEG").read_bytes()
     assert (tmp_path / "dst" / "val" / "c" / "x.JPEG").is_file()
+    # a rerun keeps what is there and says so (it reported every image as resized); in place is refused
+    again = script("resize_dataset.py", src, tmp_path / "dst", "--max-side", 64, "--workers", 2).stdout
+    assert "0 images written" in again and "4 already there, kept as they are" in again, again
+    same = script("resize_dataset.py", src, src / "train", "--max-side", 64, check=False)
+    assert same.returncode == 1 and "must be a folder outside" in same.stderr, same.stderr
 
 
 def test_prepare_imagenet_val_from_csv_and_from_devkit_ids(tmp_path):
