@@ -38,13 +38,16 @@ from pathlib import Path
 import torch
 import yaml
 from hydra import compose, initialize_config_dir
+from hydra.errors import HydraException
 from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
-from dali_train.config import COMPILE_MODES, Config, load_config, register_configs
+from dali_train.config import COMPILE_MODES, Config, composition_error_line, load_config, register_configs
 from dali_train.data import build_loaders
 from dali_train.device import amp_dtype_for, configure_backends, select_device, set_cuda_max_connections
 from dali_train.distributed import init_distributed, shutdown
 from dali_train.engine import TrainParts, train_step
+from dali_train.errors import UserError
 from dali_train.parts import build_train_parts
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
@@ -515,7 +518,14 @@ def parse_args(argv: list[str]):
         ap.error(f"--loaders: {', '.join(unknown)} is neither dali, dali_cpu, pytorch nor a --variant name")
     for item in args.loader_set:
         name, _, kv = item.partition(":")
+        if (name not in LOADERS and name not in args.variants) or "=" not in kv:
+            ap.error(
+                f"--loader-set {item}: expected LOADER:KEY=VALUE with LOADER one of {', '.join(LOADERS)} or a --variant"
+            )
         args.loader_overrides.setdefault(name, []).append(kv)
+    for flag in ("steps", "warmup", "repeats"):  # warm-up 0 would time the first batch's pipeline build
+        if getattr(args, flag) < 1:
+            ap.error(f"--{flag} {getattr(args, flag)}: must be at least 1")
     if args.compare:
         args.modes = ["loader", "model", "e2e"]
     grid = {}
@@ -523,13 +533,29 @@ def parse_args(argv: list[str]):
         key, _, values = item.partition("=")
         if not key.startswith("loader.") or not values:
             ap.error(f"--grid {item}: expected loader.KEY=V1,V2,...")
+        if key in ("loader.name", "loader.batch_size"):  # the winner is written for every later run to use
+            ap.error(f"--grid {item}: a throughput knob of loader=dali only; {key} changes what a run is")
         grid[key] = [yaml.safe_load(v) for v in values.split(",")]  # "8" -> 8: numbers in the written file
     args.grid = grid
     return args
 
 
+def local_loader_files() -> dict[str, str]:
+    """The git-ignored conf/local/ files a run composes with (--tune writes loader/dali.yaml): their
+    keys change what a row measures, so results.json records them and the run says so."""
+    files = [CONF / "local" / "default.yaml", *sorted((CONF / "local" / "loader").glob("*.yaml"))]
+    return {str(p.relative_to(CONF.parent)): p.read_text() for p in files if p.is_file()}
+
+
 def main() -> None:
     args = parse_args(sys.argv[1:])
+    try:
+        _main(args)
+    except (UserError, HydraException, OmegaConfBaseException) as e:  # as train.py: one line, exit 2
+        fail(str(e) if isinstance(e, UserError) else composition_error_line(e))
+
+
+def _main(args) -> None:
     base = make_cfg(args.overrides)
     set_cuda_max_connections(base.trainer.cuda_max_connections)  # before anything starts CUDA, as in train.py
     dist = init_distributed()  # under torchrun: one process per GPU, DDP; rates count all ranks
@@ -539,7 +565,9 @@ def main() -> None:
     shutdown()
     if not dist.is_main:
         return
-    notes = ratios(rows) + ([write_best(rows, args.local)] if args.tune else [])
+    local = local_loader_files()
+    notes = ratios(rows) + [f"{name} applies: {' '.join(text.split())}" for name, text in local.items()]
+    notes += [write_best(rows, args.local)] if args.tune else []
     write_outputs(rows, notes, Path(args.out), args, world_size=dist.world_size)
     print((Path(args.out) / "results.md").read_text())
 

@@ -117,6 +117,23 @@ def test_malformed_variant_is_refused(capfd):
     assert proc.returncode == 2 and "--variant x=dali:loader.num_threads: expected NAME=LOADER:KEY=VALUE" in proc.stderr
 
 
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--loader-set", "loader.num_threads=12"], "--loader-set loader.num_threads=12: expected LOADER:KEY=VALUE"),
+        (["--repeats", "0"], "--repeats 0: must be at least 1"),
+        (["--warmup", "0"], "--warmup 0: must be at least 1"),  # the first window would time the pipeline build
+        (["--tune", "--grid", "loader.name=dali,dali_cpu"], "loader.name changes what a run is"),  # then the default
+        (["--modes", "model", "--", "trainer.device=cpu", "loader.batchsize=3"], "loader.batchsize: Key 'batchsize'"),
+    ],
+)
+def test_bad_input_is_one_line(argv, message, capfd):
+    """A malformed flag was ignored (--loader-set) or written for every later run (--grid); zero
+    counts and config typos ended in tracebacks."""
+    proc = benchmark(argv, capfd, check=False)
+    assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+
+
 def test_profile_summary_names_a_file_that_is_no_trace(tmp_path, capfd):
     (tmp_path / "t.json").write_text("{}")
     for path in (tmp_path / "t.json", tmp_path / "missing.json.gz"):
