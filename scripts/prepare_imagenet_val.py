@@ -39,10 +39,14 @@ def read_labels(labels: Path, synsets: Path | None, files: list[str]) -> dict[st
         sys.exit(f"error: --labels {labels}: a ground-truth ID list needs --synsets (the 1000 wnids in ID order)")
     wnids = [line.split()[0] for line in synsets.read_text().splitlines() if line.strip()]
     ids = [int(line) for line in labels.read_text().split()]
-    if len(ids) != len(files):
-        sys.exit(f"error: --labels {labels}: {len(ids)} labels for {len(files)} images in the folder")
     if max(ids) > len(wnids):
         sys.exit(f"error: --synsets {synsets}: {len(wnids)} wnids, but labels go up to {max(ids)}")
+    # Line N is ILSVRC2012_val_<N>'s label: by name, so a run interrupted after some moves resumes
+    by_name = {f"ILSVRC2012_val_{n:08d}": wnids[i - 1] for n, i in enumerate(ids, start=1)}
+    if all(Path(f).stem in by_name for f in files):
+        return by_name
+    if len(ids) != len(files):  # other names: the list's order is the sorted files'
+        sys.exit(f"error: --labels {labels}: {len(ids)} labels for {len(files)} images in the folder")
     return {Path(f).stem: wnids[i - 1] for f, i in zip(sorted(files), ids, strict=True)}
 
 

@@ -179,7 +179,9 @@ def test_prepare_imagenet_val_from_csv_and_from_devkit_ids(tmp_path):
             extra = ["--synsets", synsets]
         dry = script("prepare_imagenet_val.py", val, "--labels", labels, *extra, "--dry-run")
         assert "dry run" in dry.stdout and len(list(val.glob("*.JPEG"))) == 4
-        script("prepare_imagenet_val.py", val, "--labels", labels, *extra)
+        (val / "n01440764").mkdir()  # as a run interrupted after its first move leaves the folder
+        (val / names[0]).rename(val / "n01440764" / names[0])
+        script("prepare_imagenet_val.py", val, "--labels", labels, *extra)  # resumes (the ID list did not)
         assert sorted(p.name for p in val.iterdir()) == ["n01440764", "n01443537", "n01484850"]
         assert len(list((val / "n01440764").iterdir())) == 2
     bad = script("prepare_imagenet_val.py", tmp_path / "nope", "--labels", labels, check=False)
