@@ -45,10 +45,15 @@ def main() -> None:
     ap.add_argument("--res", type=int, default=224, help="crop size the img/s was measured at")
     ap.add_argument("--gpus", type=int, nargs="+", default=[1, 8])
     ap.add_argument("--scaling", type=float, default=0.9, help="multi-GPU efficiency (measured 2-GPU value)")
-    ap.add_argument("--train-images", type=int, default=IMAGENET_TRAIN)
+    ap.add_argument("--train-images", type=int, help=f"per epoch (default: {IMAGENET_TRAIN:,} for data=imagenet recipes)")
     args = ap.parse_args()
     if not (args.benchmark or args.img_s):
         sys.exit("error: give --benchmark results.json or --img-s")
+    if args.benchmark and not args.benchmark.is_file():
+        sys.exit(f"error: --benchmark {args.benchmark}: no such file")
+    unknown = [r for r in args.recipes if not (REPO / "conf" / "experiment" / f"{r}.yaml").is_file()]
+    if unknown:
+        sys.exit(f"error: {unknown[0]}: no recipe conf/experiment/{unknown[0]}.yaml")
     register_configs()
     print("| recipe | model | epochs | " + " | ".join(f"{g} GPU{'s' if g > 1 else ''}" for g in args.gpus) + " |")
     print("|---|---|---:|" + "---:|" * len(args.gpus))
@@ -56,12 +61,15 @@ def main() -> None:
         for recipe in args.recipes:
             cfg = compose("config", overrides=[f"+experiment={recipe}", "data.root=/data"])
             base = args.img_s or measured_img_s(args.benchmark, cfg.model.name)
+            if args.train_images is None and cfg.data.name != "imagenet":  # ImageNet's count would be wrong
+                sys.exit(f"error: {recipe} trains on data={cfg.data.name}: give its --train-images")
+            images = args.train_images or IMAGENET_TRAIN
             size_at = progressive_size(cfg.data)
-            seconds = sum(args.train_images / (base * (args.res / size_at(e)) ** 2) for e in range(cfg.trainer.epochs))
+            seconds = sum(images / (base * (args.res / size_at(e)) ** 2) for e in range(cfg.trainer.epochs))
             cells = [seconds / (g * (args.scaling if g > 1 else 1.0)) / 3600 for g in args.gpus]
             print(
                 f"| {recipe} | {cfg.model.name} | {cfg.trainer.epochs} | "
-                + " | ".join(f"{h:.1f} h" if h >= 1 else f"{h * 60:.0f} min" for h in cells)
+                + " | ".join(f"{h:.1f} h" if h >= 1 else f"{h * 60:.0f} min" if h >= 1 / 60 else f"{h * 3600:.0f} s" for h in cells)
                 + " |"
             )
 

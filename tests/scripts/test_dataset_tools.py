@@ -306,3 +306,12 @@ def test_estimate_time_takes_one_gpus_share_of_a_multi_process_benchmark(capfd):
                          capfd=capfd).stdout  # fmt: skip
         hours.append(float(out.strip().splitlines()[-1].split("|")[-2].strip().removesuffix(" h")))
     assert 0.9 < hours[1] / hours[0] < 1.1, hours
+
+
+def test_estimate_time_needs_the_image_count_of_a_recipe_not_on_imagenet(capfd):
+    """An Imagenette recipe was estimated with ImageNet's 1.28M images per epoch (135x too long)."""
+    refused = run_script("scripts/estimate_time.py", "imagenette_128_5ep", "--img-s", 1000, capfd=capfd, check=False)
+    assert refused.returncode == 1 and "data=imagenette: give its --train-images" in refused.stderr
+    out = run_script("scripts/estimate_time.py", "imagenette_128_5ep", "--img-s", 1000, "--train-images", 9469,
+                     "--gpus", 1, capfd=capfd).stdout  # fmt: skip
+    assert out.strip().splitlines()[-1].endswith("| 15 s |")  # 5 x 9,469 images at 1000 x (224/128)^2 img/s
