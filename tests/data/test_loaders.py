@@ -348,9 +348,11 @@ def test_a_pipeline_dali_cannot_build_is_one_line_not_a_decode_error(sample_root
 
 
 def test_a_build_error_says_dalis_reason_not_its_heading(sample_root):
-    """More ranks than val files: DALI's reader refuses the shards; its reason is in the one line
-    (its first line is only "Critical error when building pipeline:")."""
-    ld = loaders(sample_root, "loader=dali_cpu", *SMALL, rank=1, world=200)
+    """DALI's reason is in the one line (its first line is only "Critical error when building
+    pipeline:"). The build error here: its reader refusing more shards than files, which
+    build_loaders now refuses at start (the test above), so the val loader is given 200 ranks after."""
+    ld = loaders(sample_root, "loader=dali_cpu", *SMALL, rank=1, world=2)
+    ld.val.dist = DistInfo(1, 1, 200)
     with pytest.raises(DatasetError, match=r"DALI could not build the val pipeline over .*val: .*shards: 200") as e:
         next(iter(ld.val))
     assert "\n" not in str(e.value)
