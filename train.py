@@ -223,6 +223,12 @@ def main(cfg: DictConfig) -> float:
         if e.ending.exit_code == EXIT_USER:
             print(f"error: {e.ending.message}", file=sys.stderr)
         return _end_job(e.ending.exit_code, e.ending.message)
+    except Exception as e:  # a bug; Optuna's sweeper (max_failure_rate 1.0) would keep only its message
+        if HydraConfig.initialized() and "optuna" in str(HydraConfig.get().sweeper.get("_target_", "")):
+            log.exception("job %s crashed", HydraConfig.get().job.num)
+            _failed_jobs.append(f"job {HydraConfig.get().job.num} crashed: {type(e).__name__}: {e}")
+            _failed_jobs_dir[:] = [HydraConfig.get().sweep.dir]
+        raise
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ numbering), a line cut short goes, and TensorBoard hides the redone steps."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -54,6 +55,7 @@ def test_tensorboard_hides_the_steps_a_resume_redoes(tmp_path):
     for step in (1, 2, 3):  # the kill came after update 3 was logged; last.pt holds update 2
         first.step({"train/loss": 1.0}, step, 0)
     first.close()
+    time.sleep(1.1)  # TensorBoard reads event files in name order: the second they were made first
     resumed = MetricsWriter(tmp_path, True)
     resumed.drop_after(0, 2)
     for step in (3, 4):
