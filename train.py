@@ -29,7 +29,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from dali_train.checkpoint import Checkpointer, CheckpointMeta
-from dali_train.config import composition_error_line, load_config, register_configs
+from dali_train.config import composition_error_line, holds_a_run, load_config, register_configs
 from dali_train.data import build_loaders
 from dali_train.device import amp_dtype_for, configure_backends, select_device, set_cuda_max_connections
 from dali_train.distributed import (
@@ -72,7 +72,7 @@ def run(cfg: DictConfig) -> float:
     log.info("config:\n%s", OmegaConf.to_yaml(cfg, resolve=True))  # as the run sees it (paths, interpolations)
     log.info("CUDA_DEVICE_MAX_CONNECTIONS=%s", cuda_queues or "unset (CUDA's default, 8)")
     # An evaluation in a training run's dir (trainer.resume=auto) keeps that run's summary.json
-    evaluating_a_run = cfg.trainer.eval_only and (run_dir / "summary.json").is_file()
+    evaluating_a_run = cfg.trainer.eval_only and holds_a_run(run_dir)
     writer = MetricsWriter(run_dir, dist.is_main, "eval_summary.json" if evaluating_a_run else "summary.json")
     summary: dict = {"world_size": dist.world_size, "loader": cfg.loader.name, "model": cfg.model.name}
     started = time.perf_counter()
@@ -161,7 +161,8 @@ def train(cfg: DictConfig, dist: DistInfo, run_dir: Path, writer: MetricsWriter,
         config=OmegaConf.to_container(cfg, resolve=True),
     )
     checkpointer = Checkpointer(run_dir, dist, meta)
-    checkpointer.prepare(parts)
+    if not tc.eval_only:  # its temp-file cleanup could delete a checkpoint a running trainer is writing
+        checkpointer.prepare(parts)
     start_epoch, start_step, best_top1 = 0, 0, float("-inf")
     resume = checkpointer.resolve(tc.resume)
     if tc.eval_only and not resume and not c.model.pretrained:

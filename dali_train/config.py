@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
@@ -213,6 +214,18 @@ SCHEMAS: dict[str, dict[str, type]] = {  # group -> schema name (in the option's
 }
 
 
+def holds_a_run(run_dir: Path) -> bool:
+    """Whether a training run wrote into run_dir: a finished one (summary.json) or one killed before
+    it ended (its metrics or last checkpoint only)."""
+    return any((run_dir / name).exists() for name in ("summary.json", "metrics.jsonl", "checkpoints/last.pt"))
+
+
+def hydra_record_dir(eval_only: bool, output_dir: str) -> str:
+    """hydra.output_subdir: an evaluation in a training run's dir records its config beside the run's
+    .hydra/, not over it (that one says what the run trained with)."""
+    return ".hydra-eval" if eval_only and holds_a_run(Path(output_dir)) else ".hydra"
+
+
 def register_configs() -> None:
     """Make `config_schema` and each option's schema available to the defaults lists in conf/, and
     the `${dali_train.cwd:}` resolver (the launch directory; unlike `${hydra:runtime.cwd}` it also
@@ -223,6 +236,7 @@ def register_configs() -> None:
         for name, node in schemas.items():
             store.store(group=group, name=name, node=node)
     OmegaConf.register_new_resolver("dali_train.cwd", os.getcwd, replace=True)
+    OmegaConf.register_new_resolver("dali_train.hydra_record_dir", hydra_record_dir, replace=True)
 
 
 def load_config(cfg: DictConfig) -> Config:
