@@ -99,7 +99,7 @@ def sniff(path: str) -> str | None:
         kind = next((k for magic, k in _MAGIC.items() if head.startswith(magic)), None)
         if kind is None or (kind == "webp" and head[8:12] != b"WEBP"):  # RIFF also holds WAV, AVI
             return "not an image (unknown header)"
-        if kind == "png" and _PNG_END not in os.pread(fd, 1024, max(size - 1024, 0)):  # IEND: the last chunk
+        if kind == "png" and not _png_has_iend(fd, size):
             return "truncated PNG (no IEND chunk)"
         if kind == "webp" and int.from_bytes(head[4:8], "little") + 8 > size:  # RIFF's own length
             return "truncated WebP (shorter than its RIFF header says)"
@@ -116,6 +116,12 @@ def sniff(path: str) -> str | None:
 
 
 _PNG_END = b"IEND\xaeB`\x82"  # the IEND chunk's type and CRC, which end every complete PNG
+
+def _png_has_iend(fd: int, size: int) -> bool:
+    """IEND is the last chunk, nearly always in the last bytes; a writer that padded after it would
+    otherwise lose a complete image, so without one there the whole file is searched."""
+    return _PNG_END in os.pread(fd, min(size, 1024), max(size - 1024, 0)) or _PNG_END in os.pread(fd, size, 0)
+
 
 _SOF_MARKERS = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}  # frame headers (not DHT/JPG/DAC)
 

@@ -82,6 +82,7 @@ def test_cut_png_and_webp_files_and_riff_files_of_other_kinds_are_skipped(tmp_pa
     png, webp = (a / "ok.png").read_bytes(), (a / "ok.webp").read_bytes()
     (a / "cut.png").write_bytes(png[: len(png) // 2])
     (a / "tail.png").write_bytes(png + bytes(100))  # bytes after IEND: decoders stop at IEND
+    (a / "long_tail.png").write_bytes(png + bytes(5000))  # IEND not in the last KiB: still complete
     (a / "cut.webp").write_bytes(webp[: len(webp) // 2])
     (a / "sound.webp").write_bytes(b"RIFF" + (36).to_bytes(4, "little") + b"WAVEfmt " + bytes(28))
     ds = scan_dataset(str(root))
@@ -92,7 +93,7 @@ def test_cut_png_and_webp_files_and_riff_files_of_other_kinds_are_skipped(tmp_pa
         "sound.webp": "not an image (unknown header)",
     }
     kept = [f for f in ds.train.files if Path(f).suffix != ".JPEG"]
-    assert {Path(f).name for f in kept} == {"ok.png", "ok.webp", "tail.png"}
+    assert {Path(f).name for f in kept} == {"ok.png", "ok.webp", "tail.png", "long_tail.png"}
     for f in kept:
         with Image.open(f) as im:
             im.load()
