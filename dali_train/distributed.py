@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,6 +64,8 @@ def restart_count() -> int:
     return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
 
 
+RENDEZVOUS_QUIET_S = 10.0  # srun: a rank still waiting for the others after this says why (not every start)
+
 # The launcher's rendezvous store, joined once per process and kept: under srun rank 0's copy is
 # the server, which must outlive the stamp exchange until the group has joined through it.
 _store: torch_dist.Store | None = None
@@ -74,14 +77,23 @@ def _rendezvous_store(info: DistInfo) -> torch_dist.Store:
     global _store
     if _store is None:
         env = os.environ
+        waiting = threading.Timer(
+            RENDEZVOUS_QUIET_S,
+            print,
+            [
+                f"[rank {info.rank}] still waiting for {info.world_size} processes at {env['MASTER_ADDR']}:"
+                f"{env['MASTER_PORT']} (SLURM_NTASKS={env.get('SLURM_NTASKS')}: start them with srun; "
+                "one process alone: unset SLURM_NTASKS)"
+            ],
+            {"file": sys.stderr, "flush": True},
+        )
+        waiting.daemon = True
         if "SLURM_PROCID" in env and "TORCHELASTIC_RUN_ID" not in env:  # srun: nothing else says why it waits
-            print(
-                f"[rank {info.rank}] waiting for {info.world_size} processes at {env['MASTER_ADDR']}:{env['MASTER_PORT']} "
-                f"(SLURM_NTASKS={env.get('SLURM_NTASKS')}: start them with srun; one process alone: unset SLURM_NTASKS)",
-                file=sys.stderr,
-                flush=True,
-            )
-        _store, _, _ = next(torch_dist.rendezvous("env://", rank=info.rank, world_size=info.world_size))
+            waiting.start()
+        try:
+            _store, _, _ = next(torch_dist.rendezvous("env://", rank=info.rank, world_size=info.world_size))
+        finally:
+            waiting.cancel()
     return _store
 
 

@@ -100,10 +100,10 @@ def test_the_run_stamp_is_shared_without_joining_the_group(tmp_path):
 
 def test_srun_ranks_say_what_they_wait_for(tmp_path):
     """A process that SLURM's variables make one of several (a plain `python train.py` in an
-    allocation of two tasks) waits for the others: it says so, with the fix, before it waits."""
+    allocation of two tasks) waits for the others: once the wait is long, it says so, with the fix."""
     env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS and not k.startswith("TORCHELASTIC")}
     env.update(PYTHONPATH=str(REPO), SLURM_PROCID="1", SLURM_NTASKS="2", SLURM_JOB_ID="7", MASTER_ADDR="127.0.0.1")
-    code = "from dali_train.distributed import shared_run_stamp; shared_run_stamp()"
+    code = "import dali_train.distributed as d; d.RENDEZVOUS_QUIET_S = 1; d.shared_run_stamp()"
     proc = subprocess.Popen([sys.executable, "-c", code], env=env, stderr=subprocess.PIPE, text=True)
     silent = threading.Timer(60, proc.kill)  # without the line, readline would wait out the 30-min join
     silent.start()
@@ -113,5 +113,5 @@ def test_srun_ranks_say_what_they_wait_for(tmp_path):
         silent.cancel()
         proc.kill()
         proc.communicate()
-    assert first.startswith("[rank 1] waiting for 2 processes at 127.0.0.1:20007 (SLURM_NTASKS=2"), first
+    assert first.startswith("[rank 1] still waiting for 2 processes at 127.0.0.1:20007 (SLURM_NTASKS=2"), first
     assert "unset SLURM_NTASKS" in first
