@@ -30,6 +30,7 @@ from omegaconf.errors import OmegaConfBaseException
 from dali_train.errors import UserError
 from dali_train.options import (  # the option groups' schemas
     AnnealSchedulerConfig,
+    DaliCpuLoaderConfig,
     DaliLoaderConfig,
     FlatCosSchedulerConfig,
     LoaderConfig,
@@ -204,7 +205,12 @@ class Config:
 
 
 SCHEMAS: dict[str, dict[str, type]] = {  # group -> schema name (in the option's defaults list) -> dataclass
-    "loader": {"dali_schema": DaliLoaderConfig, "pytorch_schema": PytorchLoaderConfig, "synthetic_schema": SyntheticLoaderConfig},
+    "loader": {
+        "dali_schema": DaliLoaderConfig,
+        "dali_cpu_schema": DaliCpuLoaderConfig,
+        "pytorch_schema": PytorchLoaderConfig,
+        "synthetic_schema": SyntheticLoaderConfig,
+    },
     "optimizer": {"sgd_schema": SgdConfig, "timm_schema": TimmOptimizerConfig},
     "scheduler": {
         "anneal_schema": AnnealSchedulerConfig,

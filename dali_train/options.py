@@ -54,22 +54,32 @@ class LoaderConfig:
 
 
 @dataclass
-class DaliLoaderConfig(LoaderConfig):
-    """loader=dali (nvJPEG + hardware decoder on the GPU) and loader=dali_cpu (CPU decode threads)."""
+class DaliCpuLoaderConfig(LoaderConfig):
+    """loader=dali_cpu: DALI decodes on CPU threads (and what loader=dali has too)."""
 
     num_threads: int = 8  # host threads per process (file reads, JPEG parsing; dali_cpu: decoding)
     prefetch_queue_depth: int = 2  # batches prepared ahead of the training step
-    hw_decoder_load: float = 1.0  # share of JPEGs sent to the A100/H100/H200 hardware decoder (dali)
-    preallocate_width_hint: int = 0  # decoder buffer hint, px (0 = DALI default)
-    preallocate_height_hint: int = 0  # decoder buffer hint, px (0 = DALI default)
-    device_memory_padding: int = 211025920  # bytes of headroom per GPU decode buffer
-    host_memory_padding: int = 140544512  # bytes of headroom per pinned host decode buffer
     exec_dynamic: bool = False  # true: DALI's dynamic executor (device syncs per batch: slower, docs/benchmarks.md)
 
     def __post_init__(self) -> None:
         super().__post_init__()
         must_be_at_least("loader.num_threads", self.num_threads, 1)
         must_be_at_least("loader.prefetch_queue_depth", self.prefetch_queue_depth, 1)
+
+
+@dataclass
+class DaliLoaderConfig(DaliCpuLoaderConfig):
+    """loader=dali: nvJPEG and the hardware decoder on the GPU; these keys tune that decoder."""
+
+    hw_decoder_load: float = 1.0  # share of JPEGs sent to the A100/H100/H200 hardware decoder
+    preallocate_width_hint: int = 0  # decoder buffer hint, px (0 = DALI default)
+    preallocate_height_hint: int = 0  # decoder buffer hint, px (0 = DALI default)
+    device_memory_padding: int = 211025920  # bytes of headroom per GPU decode buffer
+    host_memory_padding: int = 140544512  # bytes of headroom per pinned host decode buffer
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        must_be_in("loader.hw_decoder_load", self.hw_decoder_load, 0, 1, high_ok=True)
 
 
 @dataclass
@@ -92,7 +102,7 @@ class SyntheticLoaderConfig(LoaderConfig):
 
 LOADER_SCHEMAS: dict[str, type[LoaderConfig]] = {
     "dali": DaliLoaderConfig,
-    "dali_cpu": DaliLoaderConfig,
+    "dali_cpu": DaliCpuLoaderConfig,
     "pytorch": PytorchLoaderConfig,
     "synthetic": SyntheticLoaderConfig,
 }

@@ -83,6 +83,7 @@ def test_typos_and_wrong_types_fail_at_composition(hydra_conf, override):
         (["loader=dali", "loader.num_workers=3"], "loader.num_workers"),
         (["loader=pytorch", "loader.num_threads=3"], "loader.num_threads"),
         (["loader=synthetic", "loader.hw_decoder_load=0.5"], "loader.hw_decoder_load"),
+        (["loader=dali_cpu", "loader.hw_decoder_load=0.5"], "loader.hw_decoder_load"),
         (["scheduler=cosine", "scheduler.flat_frac=0.5"], "scheduler.flat_frac"),
         (["scheduler=step", "scheduler.min_lr=0.1"], "scheduler.min_lr"),
     ],

@@ -22,7 +22,7 @@ from dali_train.data.order import padding_per_epoch, steps_per_epoch
 from dali_train.data.sample import make_image_folder
 from dali_train.data.transform import Transform
 from dali_train.distributed import DistInfo, all_gather_lists, barrier
-from dali_train.options import DaliLoaderConfig, LoaderConfig, PytorchLoaderConfig, SyntheticLoaderConfig
+from dali_train.options import DaliCpuLoaderConfig, LoaderConfig, PytorchLoaderConfig, SyntheticLoaderConfig
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +126,7 @@ def _pytorch(dataset: ImageFolderDataset, loader: PytorchLoaderConfig, **common)
     )
 
 
-def _dali(dataset: ImageFolderDataset, loader: DaliLoaderConfig, **common) -> tuple[Loader, Loader]:
+def _dali(dataset: ImageFolderDataset, loader: DaliCpuLoaderConfig, **common) -> tuple[Loader, Loader]:
     from dali_train.data.dali import DaliLoader
     from dali_train.data.dali_graph import Placement
 

@@ -24,7 +24,7 @@ from dali_train.data.folder import EXCLUDE_HINT, DatasetError, Split
 from dali_train.data.order import EpochOrder, contiguous_shard, epoch_order, steps_per_epoch
 from dali_train.data.transform import Transform
 from dali_train.distributed import DistInfo
-from dali_train.options import DaliLoaderConfig
+from dali_train.options import DaliCpuLoaderConfig
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ class DaliLoader:
         dist: DistInfo,
         device: torch.device,
         placement: Placement,
-        settings: DaliLoaderConfig,
+        settings: DaliCpuLoaderConfig,
         transform: Transform,
         seed: int,
         train_size_at: Callable[[int], int],

@@ -21,7 +21,7 @@ from nvidia.dali import fn, pipeline_def, types
 
 from dali_train.data.folder import Split
 from dali_train.data.transform import Transform
-from dali_train.options import DaliLoaderConfig
+from dali_train.options import DaliCpuLoaderConfig, DaliLoaderConfig
 
 log = logging.getLogger(__name__)
 
@@ -39,11 +39,11 @@ class Placement:
         return Placement("mixed" if loader_name == "dali" else "cpu", True, device.index or 0)
 
 
-def _decoder_kwargs(placement: Placement, s: DaliLoaderConfig) -> dict:
+def _decoder_kwargs(placement: Placement, s: DaliCpuLoaderConfig) -> dict:
     # The pixels as stored, EXIF orientation ignored, as PIL's loader (loader=pytorch) and the
     # torchvision references read them: every loader, and the published baselines, see one image.
     kwargs = {"adjust_orientation": False}
-    if placement.decoder != "mixed":
+    if placement.decoder != "mixed" or not isinstance(s, DaliLoaderConfig):  # the GPU decoder's keys
         return kwargs
     kwargs |= {
         "hw_decoder_load": s.hw_decoder_load,
