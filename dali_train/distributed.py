@@ -77,23 +77,25 @@ def _rendezvous_store(info: DistInfo) -> torch_dist.Store:
     global _store
     if _store is None:
         env = os.environ
-        waiting = threading.Timer(
-            RENDEZVOUS_QUIET_S,
-            print,
-            [
-                f"[rank {info.rank}] still waiting for {info.world_size} processes at {env['MASTER_ADDR']}:"
-                f"{env['MASTER_PORT']} (SLURM_NTASKS={env.get('SLURM_NTASKS')}: start them with srun; "
-                "one process alone: unset SLURM_NTASKS)"
-            ],
-            {"file": sys.stderr, "flush": True},
-        )
-        waiting.daemon = True
+        waiting: threading.Timer | None = None
         if "SLURM_PROCID" in env and "TORCHELASTIC_RUN_ID" not in env:  # srun: nothing else says why it waits
+            waiting = threading.Timer(
+                RENDEZVOUS_QUIET_S,
+                print,
+                [
+                    f"[rank {info.rank}] still waiting for {info.world_size} processes at "
+                    f"{env.get('MASTER_ADDR')}:{env.get('MASTER_PORT')} (SLURM_NTASKS={env.get('SLURM_NTASKS')}: "
+                    "start them with srun; one process alone: unset SLURM_NTASKS)"
+                ],
+                {"file": sys.stderr, "flush": True},
+            )
+            waiting.daemon = True
             waiting.start()
         try:
             _store, _, _ = next(torch_dist.rendezvous("env://", rank=info.rank, world_size=info.world_size))
         finally:
-            waiting.cancel()
+            if waiting is not None:
+                waiting.cancel()
     return _store
 
 

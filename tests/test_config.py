@@ -179,6 +179,13 @@ def test_config_prints_without_resolving_paths(capfd):
     assert "root: ${dali_train.cwd:}/.cache/sample-v1" in proc.stdout  # printed as written, not resolved
 
 
+
+def test_hydras_own_config_prints(capfd):
+    """`--cfg hydra` composes Hydra's config alone (no trainer group): its output_subdir, which asks
+    whether this is an evaluation, must resolve there too."""
+    proc = run_script("train.py", "--cfg", "hydra", "--resolve", capfd=capfd)
+    assert "output_subdir:" in proc.stdout
+
 def test_a_local_dataset_path_applies_to_its_option_only(tmp_path):
     """conf/local/data/imagenet.yaml sets data=imagenet's root, for recipes too; the demo's sample
     set (the default data option) keeps its own root."""

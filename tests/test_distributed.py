@@ -115,3 +115,14 @@ def test_srun_ranks_say_what_they_wait_for(tmp_path):
         proc.communicate()
     assert first.startswith("[rank 1] still waiting for 2 processes at 127.0.0.1:20007 (SLURM_NTASKS=2"), first
     assert "unset SLURM_NTASKS" in first
+
+
+def test_a_launch_without_master_addr_gets_torchs_message(tmp_path):
+    """RANK and WORLD_SIZE set by hand without MASTER_ADDR: torch's error names the variable (the
+    srun wait message must not read it first and fail with a bare KeyError)."""
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS and not k.startswith("TORCHELASTIC")}
+    env.update(PYTHONPATH=str(REPO), RANK="0", WORLD_SIZE="2")
+    code = "import dali_train.distributed as d; d.shared_run_stamp()"
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0
+    assert "MASTER_ADDR expected, but not set" in done.stderr.splitlines()[-1], done.stderr[-2000:]
