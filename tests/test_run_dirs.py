@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from tests.conftest import REPO, launch_env, read_json, run_train
+from tests.conftest import REPO, launch_env, read_json, run_script
 
 # train.py as `python train.py ARGS`, its slow imports done first; it says "ready", then waits for
 # a wall-clock start time on stdin: two runs then take their run stamp within the same second.
@@ -75,23 +75,23 @@ def test_two_runs_started_in_the_same_second_get_two_run_dirs(tmp_path):
         assert len((d / "metrics.jsonl").read_text().splitlines()) == 1  # not mixed with the other run's
 
 
-def test_an_evaluation_in_a_killed_runs_dir_leaves_its_config_logs_and_temp_files(tmp_path):
+def test_an_evaluation_in_a_killed_runs_dir_leaves_its_config_logs_and_temp_files(tmp_path, capfd):
     """A run killed before it ended (no summary.json) still holds a run: an evaluation there writes
     eval_summary.json and .hydra-eval/, and keeps the run's .hydra/ and a checkpoint temp file (a
     trainer still running there may be writing it)."""
     run = tmp_path / "run"
-    run_train([*TINY_SYNTHETIC, f"hydra.run.dir={run}"])
+    run_script("train.py", *TINY_SYNTHETIC, f"hydra.run.dir={run}", capfd=capfd)
     (run / "summary.json").unlink()  # as a kill before the end leaves it
     writing = run / "checkpoints" / ".last.pt.tmp-12345"
     writing.write_bytes(b"a checkpoint being written")
     kept = {p: p.read_bytes() for p in (run / "metrics.jsonl", run / ".hydra" / "overrides.yaml")}
-    run_train([*TINY_SYNTHETIC, f"hydra.run.dir={run}", "trainer.eval_only=true", "trainer.resume=auto"])
+    run_script("train.py", *TINY_SYNTHETIC, f"hydra.run.dir={run}", "trainer.eval_only=true", "trainer.resume=auto", capfd=capfd)
     assert {p: p.read_bytes() for p in kept} == kept
     assert writing.is_file()
     assert not (run / "summary.json").exists() and read_json(run / "eval_summary.json")["end_state"] == "completed"
     assert "trainer.eval_only=true" in (run / ".hydra-eval" / "overrides.yaml").read_text()
     elsewhere = tmp_path / "eval"  # an evaluation in a dir of its own records its config as any run does
     resume = f"trainer.resume={run / 'checkpoints' / 'last.pt'}"
-    run_train([*TINY_SYNTHETIC, f"hydra.run.dir={elsewhere}", "trainer.eval_only=true", resume])
+    run_script("train.py", *TINY_SYNTHETIC, f"hydra.run.dir={elsewhere}", "trainer.eval_only=true", resume, capfd=capfd)
     assert (elsewhere / ".hydra" / "config.yaml").is_file() and not (elsewhere / ".hydra-eval").exists()
 
