@@ -29,7 +29,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from dali_train.checkpoint import Checkpointer, CheckpointMeta
-from dali_train.config import composition_error_line, holds_a_run, load_config, register_configs
+from dali_train.config import composition_error_line, holds_a_run, load_config, register_configs, require_values
 from dali_train.data import build_loaders
 from dali_train.device import amp_dtype_for, configure_backends, select_device, set_cuda_max_connections
 from dali_train.distributed import (
@@ -212,9 +212,7 @@ def main(cfg: DictConfig) -> float:
     global _task_started
     _task_started = True
     try:
-        missing = sorted(OmegaConf.missing_keys(cfg))
-        if missing:
-            raise UserError(f"{missing[0]}: no value; set it on the command line ({missing[0]}=...)")
+        require_values(cfg)  # before run() logs the resolved config
         return run(cfg)
     except UserError as e:  # before the run dir: no summary
         log.error("%s", e)

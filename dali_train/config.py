@@ -245,12 +245,17 @@ def register_configs() -> None:
     OmegaConf.register_new_resolver("dali_train.hydra_record_dir", hydra_record_dir, replace=True)
 
 
-def load_config(cfg: DictConfig) -> Config:
-    """The composed config as typed objects, every value checked (`__post_init__`); a UserError
-    naming the key otherwise. The builders take the parts of what this returns."""
+def require_values(cfg: DictConfig) -> None:
+    """A UserError naming the first key left `???` (a required value nobody set)."""
     missing = sorted(OmegaConf.missing_keys(cfg))
     if missing:
         raise UserError(f"{missing[0]}: no value; set it on the command line ({missing[0]}=...)")
+
+
+def load_config(cfg: DictConfig) -> Config:
+    """The composed config as typed objects, every value checked (`__post_init__`); a UserError
+    naming the key otherwise. The builders take the parts of what this returns."""
+    require_values(cfg)
     try:
         return OmegaConf.to_object(cfg)
     except OmegaConfBaseException as e:  # an interpolation that does not resolve, say
