@@ -29,7 +29,13 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from dali_train.checkpoint import Checkpointer, CheckpointMeta
-from dali_train.config import composition_error_line, holds_a_run, load_config, register_configs, require_values
+from dali_train.config import (
+    EVAL_RECORD_DIR,
+    composition_error_line,
+    load_config,
+    register_configs,
+    require_values,
+)
 from dali_train.data import build_loaders
 from dali_train.device import amp_dtype_for, configure_backends, select_device, set_cuda_max_connections
 from dali_train.distributed import (
@@ -71,8 +77,9 @@ def run(cfg: DictConfig) -> float:
     setup_logging(dist, run_dir)
     log.info("config:\n%s", OmegaConf.to_yaml(cfg, resolve=True))  # as the run sees it (paths, interpolations)
     log.info("CUDA_DEVICE_MAX_CONNECTIONS=%s", cuda_queues or "unset (CUDA's default, 8)")
-    # An evaluation in a training run's dir (trainer.resume=auto) keeps that run's summary.json
-    evaluating_a_run = cfg.trainer.eval_only and holds_a_run(run_dir)
+    # An evaluation in a run's dir (trainer.resume=auto) keeps that run's summary.json. Hydra chose
+    # its record dir before writing .hydra/ (hydra_record_dir); asking again now would find that.
+    evaluating_a_run = cfg.trainer.eval_only and (run_dir / EVAL_RECORD_DIR).is_dir()
     writer = MetricsWriter(run_dir, dist.is_main, "eval_summary.json" if evaluating_a_run else "summary.json")
     summary: dict = {"world_size": dist.world_size, "loader": cfg.loader.name, "model": cfg.model.name}
     started = time.perf_counter()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import time
@@ -94,4 +95,23 @@ def test_an_evaluation_in_a_killed_runs_dir_leaves_its_config_logs_and_temp_file
     resume = f"trainer.resume={run / 'checkpoints' / 'last.pt'}"
     run_script("train.py", *TINY_SYNTHETIC, f"hydra.run.dir={elsewhere}", "trainer.eval_only=true", resume, capfd=capfd)
     assert (elsewhere / ".hydra" / "config.yaml").is_file() and not (elsewhere / ".hydra-eval").exists()
+    assert read_json(elsewhere / "summary.json")["end_state"] == "completed"
+    assert not (elsewhere / "eval_summary.json").exists()
+
+
+def test_an_evaluation_in_a_run_killed_in_its_first_epoch_leaves_its_config(tmp_path, capfd):
+    """A run killed before its first metrics row or checkpoint has only its config record and log:
+    an evaluation there (nothing to evaluate: it fails) still records apart from the run's."""
+    run = tmp_path / "run"
+    run_script("train.py", *TINY_SYNTHETIC, f"hydra.run.dir={run}", capfd=capfd)
+    for leftover in ("summary.json", "metrics.jsonl", "checkpoints"):
+        shutil.rmtree(run / leftover) if (run / leftover).is_dir() else (run / leftover).unlink()
+    overrides = (run / ".hydra" / "overrides.yaml").read_bytes()
+    evaluation = run_script(
+        "train.py", *TINY_SYNTHETIC, f"hydra.run.dir={run}", "trainer.eval_only=true", "trainer.resume=auto",
+        capfd=capfd, check=False,
+    )
+    assert evaluation.returncode != 0 and "last.pt" in evaluation.stderr, evaluation.stderr[-2000:]
+    assert (run / ".hydra" / "overrides.yaml").read_bytes() == overrides
+    assert not (run / "summary.json").exists() and read_json(run / "eval_summary.json")["end_state"] != "completed"
 
