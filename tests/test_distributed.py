@@ -118,10 +118,10 @@ def test_srun_ranks_say_what_they_wait_for(tmp_path):
 
 
 def test_a_launch_without_master_addr_gets_torchs_message(tmp_path):
-    """RANK and WORLD_SIZE set by hand without MASTER_ADDR: torch's error names the variable (the
-    srun wait message must not read it first and fail with a bare KeyError)."""
+    """RANK and WORLD_SIZE set by hand without MASTER_ADDR, in a SLURM allocation (SLURM_PROCID set):
+    torch's error names the variable (the srun wait line must not read it first: a bare KeyError)."""
     env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS and not k.startswith("TORCHELASTIC")}
-    env.update(PYTHONPATH=str(REPO), RANK="0", WORLD_SIZE="2")
+    env.update(PYTHONPATH=str(REPO), RANK="0", WORLD_SIZE="2", SLURM_PROCID="0")
     code = "import dali_train.distributed as d; d.shared_run_stamp()"
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode != 0

@@ -43,8 +43,9 @@ def _decoder_kwargs(placement: Placement, s: DaliCpuLoaderConfig) -> dict:
     # The pixels as stored, EXIF orientation ignored, as PIL's loader (loader=pytorch) and the
     # torchvision references read them: every loader, and the published baselines, see one image.
     kwargs = {"adjust_orientation": False}
-    if placement.decoder != "mixed" or not isinstance(s, DaliLoaderConfig):  # the GPU decoder's keys
+    if placement.decoder != "mixed":
         return kwargs
+    assert isinstance(s, DaliLoaderConfig), type(s)  # only loader=dali decodes on the GPU
     kwargs |= {
         "hw_decoder_load": s.hw_decoder_load,
         "device_memory_padding": s.device_memory_padding,
