@@ -32,6 +32,7 @@ from dali_train.checkpoint import Checkpointer, CheckpointMeta
 from dali_train.config import (
     EVAL_RECORD_DIR,
     composition_error_line,
+    holds_a_run,
     load_config,
     register_configs,
     require_values,
@@ -77,9 +78,9 @@ def run(cfg: DictConfig) -> float:
     setup_logging(dist, run_dir)
     log.info("config:\n%s", OmegaConf.to_yaml(cfg, resolve=True))  # as the run sees it (paths, interpolations)
     log.info("CUDA_DEVICE_MAX_CONNECTIONS=%s", cuda_queues or "unset (CUDA's default, 8)")
-    # An evaluation in a run's dir (trainer.resume=auto) keeps that run's summary.json. Hydra chose
-    # its record dir before writing .hydra/ (hydra_record_dir); asking again now would find that.
-    evaluating_a_run = cfg.trainer.eval_only and (run_dir / EVAL_RECORD_DIR).is_dir()
+    # An evaluation in a run's dir (trainer.resume=auto) keeps that run's summary.json. Hydra has
+    # written its record by now: the record dir it chose says whether a run's .hydra/ was there.
+    evaluating_a_run = cfg.trainer.eval_only and (holds_a_run(run_dir) or (run_dir / EVAL_RECORD_DIR).is_dir())
     writer = MetricsWriter(run_dir, dist.is_main, "eval_summary.json" if evaluating_a_run else "summary.json")
     summary: dict = {"world_size": dist.world_size, "loader": cfg.loader.name, "model": cfg.model.name}
     started = time.perf_counter()

@@ -221,9 +221,9 @@ SCHEMAS: dict[str, dict[str, type]] = {  # group -> schema name (in the option's
 
 
 def holds_a_run(run_dir: Path) -> bool:
-    """Whether a run already wrote into run_dir: its config record (Hydra writes it first, so a run
-    killed in its first epoch counts), metrics, last checkpoint or summary."""
-    return any((run_dir / name).exists() for name in (".hydra", "summary.json", "metrics.jsonl", "checkpoints/last.pt"))
+    """Whether a training run wrote into run_dir: a finished one (summary.json) or one killed before
+    it ended (its metrics or last checkpoint only)."""
+    return any((run_dir / name).exists() for name in ("summary.json", "metrics.jsonl", "checkpoints/last.pt"))
 
 
 EVAL_RECORD_DIR = ".hydra-eval"  # where an evaluation in a run's dir records its config
@@ -231,8 +231,10 @@ EVAL_RECORD_DIR = ".hydra-eval"  # where an evaluation in a run's dir records it
 
 def hydra_record_dir(eval_only: bool, output_dir: str) -> str:
     """hydra.output_subdir: an evaluation in a run's dir records its config beside the run's .hydra/,
-    not over it (that one says what the run trained with). Resolved before Hydra writes the record."""
-    return EVAL_RECORD_DIR if eval_only and holds_a_run(Path(output_dir)) else ".hydra"
+    not over it (that one says what the run trained with). Resolved before Hydra writes the record,
+    so a .hydra/ there is a run's, even one killed before its first metrics row."""
+    run_dir = Path(output_dir)
+    return EVAL_RECORD_DIR if eval_only and (holds_a_run(run_dir) or (run_dir / ".hydra").is_dir()) else ".hydra"
 
 
 def register_configs() -> None:
