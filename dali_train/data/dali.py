@@ -24,6 +24,7 @@ from dali_train.data.folder import EXCLUDE_HINT, DatasetError, Split
 from dali_train.data.order import EpochOrder, contiguous_shard, epoch_order, steps_per_epoch
 from dali_train.data.transform import Transform
 from dali_train.distributed import DistInfo
+from dali_train.errors import UserError
 from dali_train.options import DaliCpuLoaderConfig
 
 log = logging.getLogger(__name__)
@@ -131,7 +132,7 @@ class DaliLoader:
         except RuntimeError as e:
             if not _is_pipeline_error(e):
                 raise
-            raise self._decode_error(0) from None
+            raise self._decode_error(0, e) from None
         self.build_times.append((built - started, time.perf_counter() - built))
         log.debug(
             "%s pipeline: build %.2f s, first batch %.2f s", "train" if self.train else "val", *self.build_times[-1]
@@ -156,7 +157,7 @@ class DaliLoader:
             if not _is_pipeline_error(e):
                 raise
             self._iterator = None  # a pipeline that failed cannot run again
-            raise self._decode_error(done) from None
+            raise self._decode_error(done, e) from None
         finally:
             # A val pass left mid-way (trainer.max_val_steps) would resume there next time: DALI
             # cannot reset a pipeline mid-epoch, so it is rebuilt. (A train pipeline stays until
@@ -166,9 +167,10 @@ class DaliLoader:
         if self.train:
             self._iterator = None  # free this epoch's pipeline; set_epoch picks the next order
 
-    def _decode_error(self, done: int) -> DatasetError:
-        """A one-line error naming the file(s) DALI could not decode, found by decoding (with PIL)
-        the files of the batch that failed and of those DALI had prefetched with it."""
+    def _decode_error(self, done: int, e: RuntimeError) -> UserError:
+        """A one-line error naming the file(s) DALI could not decode: the one its message names, or
+        those PIL cannot decode among the failed batch and the ones DALI had prefetched with it.
+        With neither, the failure is not a file's (memory, say): DALI's reason, no file blamed."""
         from PIL import Image
 
         if self.train:
@@ -177,26 +179,32 @@ class DaliLoader:
             mine = contiguous_shard(len(self.split), self.dist.rank, self.dist.world_size)
         ahead = self.settings.prefetch_queue_depth + 1
         candidates = [self.split.files[i] for i in mine[done * self.batch_size : (done + ahead) * self.batch_size]]
-        bad = []
-        for path in candidates:
+        bad = [path for path in candidates if path in str(e)]  # "Failed to decode sample #N : PATH"
+        for path in [] if bad else candidates:
             try:
                 with Image.open(path) as im:
                     im.load()
             except Exception:  # noqa: BLE001 - any failure marks the file
                 bad.append(path)
-        what = (
-            ", ".join(bad[:3]) + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
-            if bad
-            else (f"a file among {len(candidates)} of {self.split.root}")
-        )
         where = f"epoch {self.epoch}, batch {self.start_step + done}" if self.train else f"validation batch {done}"
+        if not bad:
+            return UserError(
+                f"DALI's {'train' if self.train else 'val'} pipeline failed ({where}) on no file that fails to "
+                f"decode among the {len(candidates)} it was reading: {dali_reason(e)}"
+            )
+        what = ", ".join(bad[:3]) + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
         return DatasetError(f"DALI could not decode {what} ({where}); {EXCLUDE_HINT}")
 
 
 def dali_reason(e: RuntimeError) -> str:
-    """The line of a DALI error that says what went wrong ("Assert on ... failed: ..."), not its
-    first line, which is only "Critical error when building pipeline:"."""
+    """The line of a DALI error that says what went wrong ("Assert on ... failed: ...", or what
+    follows "encountered:" with the operator named), not its first line, which is only "Critical
+    error when building pipeline:"."""
     lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()]
+    if "encountered:" in lines[:-1]:
+        operator = next((line.rstrip(",") for line in lines if line.startswith("Error in ")), "")
+        reason = lines[lines.index("encountered:") + 1]
+        return f"{operator}: {reason}" if operator else reason
     for line in lines:
         if "Assert on" in line or line.startswith("Invalid") or "rror:" in line:
             return line

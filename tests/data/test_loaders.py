@@ -356,3 +356,22 @@ def test_a_build_error_says_dalis_reason_not_its_heading(sample_root):
     with pytest.raises(DatasetError, match=r"DALI could not build the val pipeline over .*val: .*shards: 200") as e:
         next(iter(ld.val))
     assert "\n" not in str(e.value)
+
+
+def test_a_pipeline_failure_no_file_explains_blames_no_file(sample_root):
+    """DALI failing for a reason of its own (memory, here std::bad_alloc in an operator, as DALI
+    words it) over files that all decode: DALI's reason in one line, not "could not decode a file"
+    with a hint to exclude innocent files."""
+    ld = loaders(sample_root, "loader=dali_cpu", *SMALL)
+    failure = RuntimeError(
+        "Critical error in pipeline:\nError in CPU operator `nvidia.dali.fn.crop_mirror_normalize`,\n"
+        "which was used in the pipeline definition with the following traceback:\n\n  File \"x.py\", line 1\n\n"
+        "encountered:\n\nstd::bad_alloc\nCurrent pipeline object is no longer valid."
+    )
+    error = ld.val._decode_error(0, failure)
+    assert not isinstance(error, DatasetError), error
+    reading = min(len(ld.val.split), 16 * (ld.val.settings.prefetch_queue_depth + 1))  # batch 16 and the prefetched
+    assert str(error) == (
+        f"DALI's val pipeline failed (validation batch 0) on no file that fails to decode among the {reading} it was "
+        "reading: Error in CPU operator `nvidia.dali.fn.crop_mirror_normalize`: std::bad_alloc"
+    )
