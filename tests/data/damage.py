@@ -37,3 +37,12 @@ def damage_scan_data(data: bytes, seed: int, hits: int = 8) -> bytes:
         pos = rng.randrange(start + (end - start) // 4, end - 16)
         out[pos : pos + 4] = bytes(rng.randrange(256) for _ in range(4))
     return bytes(out)
+
+
+def enlarge_frame(data: bytes, width: int, height: int) -> bytes:
+    """Write another image size into the frame header (SOF), as a corrupt or hostile file may
+    claim: PIL refuses sizes beyond its decompression-bomb limit before decoding."""
+    out = bytearray(data)
+    _, pos, _ = next(s for s in _segments(data) if 0xC0 <= s[0] <= 0xCF and s[0] not in (0xC4, 0xC8, 0xCC))
+    out[pos + 5 : pos + 9] = height.to_bytes(2, "big") + width.to_bytes(2, "big")
+    return bytes(out)

@@ -21,7 +21,7 @@ from dali_train.data.dali_graph import list_lines, reader_source
 from dali_train.data.order import epoch_order
 from dali_train.distributed import DistInfo
 from tests.conftest import REPO
-from tests.data.damage import damage_huffman_table
+from tests.data.damage import damage_huffman_table, enlarge_frame
 
 CPU = torch.device("cpu")
 
@@ -247,6 +247,18 @@ def test_a_damaged_val_file_is_a_one_line_error_naming_it(copied_root, name, fol
     text, _ = dataset_error(ld.val)
     assert_names(text, bad)
 
+
+
+@pytest.mark.parametrize("name", ["dali_cpu", "pytorch"])
+def test_a_val_file_claiming_a_huge_size_is_a_one_line_error_naming_it(copied_root, name):
+    """A frame header of 40000 x 40000 px (1.6 gigapixels): PIL's decompression-bomb guard raises an
+    error of its own class, which the PyTorch loader let through as a traceback mid-epoch."""
+    path = sorted(copied_root.glob("val/n00000007/*.JPEG"))[0]
+    path.write_bytes(enlarge_frame(path.read_bytes(), 40000, 40000))
+    ld = loaders(copied_root, f"loader={name}", *workers(name, 1), *SMALL, "loader.batch_size=8")
+    assert str(path) in ld.dataset.val.files  # the startup check let it through
+    text, _ = dataset_error(ld.val)
+    assert_names(text, str(path))
 
 @pytest.mark.parametrize("name", ["dali_cpu", "pytorch"])
 @pytest.mark.parametrize("batch", [0, 9])
