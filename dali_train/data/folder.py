@@ -130,8 +130,10 @@ def _jpeg_has_eoi(fd: int, size: int, scan_start: int | None) -> bool:
     """EOI cannot occur inside entropy-coded data (0xFF is byte-stuffed there), so an EOI after the
     start of scan means the scan finished. It is nearly always in the last bytes; some writers pad
     after it or append metadata (camera trailers), so without one there the scan data (from
-    `scan_start`; None: headers unreadable) is searched."""
-    if b"\xff\xd9" in os.pread(fd, min(size, 1024), max(size - 1024, 0)):
+    `scan_start`; None: headers unreadable) is searched. Never before the scan: an EXIF thumbnail
+    (a JPEG inside the headers) has an EOI of its own."""
+    tail = max(size - 1024, scan_start or 0)
+    if b"\xff\xd9" in os.pread(fd, size - tail, tail):
         return True
     return scan_start is not None and b"\xff\xd9" in os.pread(fd, size - scan_start, scan_start)
 

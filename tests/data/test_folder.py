@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import os
 from pathlib import Path
 
@@ -40,6 +41,13 @@ def bad_tree(tmp_path) -> Path:
     (b / "trailer.JPEG").write_bytes(data + bytes(range(256)) * 16)  # valid: 4 KiB of metadata after EOI
     (b / "headers.JPEG").write_bytes(data[:20] + bytes(180) + data[200:])  # SOI and EOI intact
     (b / "dht.JPEG").write_bytes(damage_huffman_table(data))  # passes the header walk, DALI fails
+    # cut 100 bytes into the scan, after an EXIF thumbnail (a JPEG in APP1): the thumbnail's EOI is
+    # in the last KiB of the file, but before the scan, so it does not end the image
+    thumbnail = io.BytesIO()
+    img.resize((8, 8)).save(thumbnail, format="JPEG")
+    app1 = b"Exif\x00\x00" + thumbnail.getvalue()
+    cut = data[: data.index(b"\xff\xda") + 100]
+    (b / "thumbnail.JPEG").write_bytes(cut[:2] + b"\xff\xe1" + (len(app1) + 2).to_bytes(2, "big") + app1 + cut[2:])
     return root
 
 
@@ -62,7 +70,7 @@ def test_val_may_lack_a_class_but_keeps_train_indices(tmp_path):
 def test_bad_files_are_skipped_with_their_reason_and_the_rest_decodes(bad_tree, caplog):
     ds = scan_dataset(str(bad_tree))
     skipped = {Path(p).name: reason for p, reason in ds.train.excluded}
-    assert set(skipped) == {"truncated.JPEG", "zero.JPEG", "text.JPEG", "headers.JPEG"}
+    assert set(skipped) == {"truncated.JPEG", "zero.JPEG", "text.JPEG", "headers.JPEG", "thumbnail.JPEG"}
     assert "truncated" in skipped["truncated.JPEG"] and "zero-byte" in skipped["zero.JPEG"]
     assert "corrupt JPEG headers" in skipped["headers.JPEG"]
     kept = {Path(f).name for f in ds.train.files}
