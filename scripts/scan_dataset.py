@@ -159,7 +159,9 @@ def main() -> None:
     Path(f"{args.out}.json").write_text(json.dumps(report, indent=1))
     Path(f"{args.out}_exclude.txt").write_text(
         f"# {len(exclude)} undecodable files of {root}, from scripts/scan_dataset.py\n"
-        + "".join(f"{f}\n" for f in exclude)
+        + "".join(f"{f}\n" for f in exclude),
+        encoding="utf-8",
+        errors="surrogateescape",  # a name that is not UTF-8 is written as its bytes, as read_exclude_list reads it
     )
     print(f"{len(files)} files: " + (", ".join(f"{n} {k}" for k, n in sorted(counts.items())) or "all clean"))
     print(

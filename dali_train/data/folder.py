@@ -72,7 +72,10 @@ def list_classes(split_dir: Path) -> list[str]:
     """Sorted class-folder names of a split; a `DatasetError` when there are none."""
     if not split_dir.is_dir():
         raise DatasetError(f"{split_dir}: not a folder; data.root must hold train/<class>/ and val/<class>/")
-    classes = sorted(e.name for e in os.scandir(split_dir) if e.is_dir() and not e.name.startswith("."))
+    try:
+        classes = sorted(e.name for e in os.scandir(split_dir) if e.is_dir() and not e.name.startswith("."))
+    except OSError as e:  # unreadable, or a link loop among the class folders
+        raise DatasetError(f"{e.filename or split_dir}: {e.strerror}") from None
     if not classes:
         raise DatasetError(f"{split_dir}: no class folders; expected {split_dir}/<class>/<image>.JPEG")
     return classes
@@ -184,12 +187,21 @@ def find_bad_files(files: list[str], chunk: int = 8192) -> list[tuple[str, str]]
 
 def list_images(class_dir: Path) -> tuple[list[str], list[str]]:
     """Sorted image names in a class folder, and the paths of image-named symlinks to missing
-    files. Dotfiles (`.DS_Store`, `._x.JPEG` from macOS, `.hidden.JPEG`) are never images."""
+    files (or to themselves, round a loop). Dotfiles (`.DS_Store`, `._x.JPEG` from macOS,
+    `.hidden.JPEG`) are never images."""
     names, dangling = [], []
-    for e in os.scandir(class_dir):
+    try:
+        entries = list(os.scandir(class_dir))
+    except OSError as e:
+        raise DatasetError(f"{class_dir}: {e.strerror}") from None
+    for e in entries:
         if e.name.startswith(".") or not e.name.lower().endswith(IMAGE_EXTENSIONS):
             continue
-        if e.is_file():
+        try:
+            regular = e.is_file()
+        except OSError:  # a symlink loop (ELOOP): no file behind it, as a dangling link
+            regular = False
+        if regular:
             names.append(e.name)
         elif e.is_symlink() and not os.path.exists(e.path):
             dangling.append(e.path)
@@ -205,7 +217,8 @@ def read_exclude_list(path: str, root: Path) -> dict[str, set[str]]:
     if not p.is_file():
         raise DatasetError(f"data.exclude_list={path}: no such file")
     entries: dict[str, set[str]] = {}
-    for line in p.read_text().splitlines():
+    # File names are bytes: one that is not UTF-8 reads back as the name os.scandir gives it
+    for line in p.read_text(encoding="utf-8", errors="surrogateescape").splitlines():
         line = line.strip()
         if not line or line.startswith("#"):
             continue
@@ -244,7 +257,9 @@ def scan_split(
             labels.append(index[c])
     if dangling:  # a link whose target is gone: a lost file the user should know about
         shown = ", ".join(dangling[:10]) + (f" and {len(dangling) - 10} more" if len(dangling) > 10 else "")
-        log.warning("skipping %d symlink(s) to missing files in %s: %s", len(dangling), split_dir, shown)
+        log.warning("skipping %d symlink(s) to missing files (or loops) in %s: %s", len(dangling), split_dir, shown)
+    if not files:
+        raise DatasetError(f"{split_dir}: every image is in the exclude list")
     split = Split(split_dir, files, labels, excluded)
     return split.without(find_bad_files(files)) if verify else split
 

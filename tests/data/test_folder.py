@@ -170,6 +170,7 @@ def test_dotfiles_are_skipped_and_a_dangling_symlink_is_named_in_one_warning(tmp
     (a / "linked.JPEG").symlink_to(a / "ok1.JPEG")  # a working link is an image like any other
     (a / "gone.JPEG").symlink_to(tmp_path / "elsewhere" / "gone.JPEG")
     (root / "val" / "b" / "gone_too.JPEG").symlink_to(tmp_path / "nowhere.JPEG")
+    (a / "loop.JPEG").symlink_to(a / "loop.JPEG")  # a link to itself: is_file() raised ELOOP
     ds = scan_dataset(str(root))
     names = {Path(f).name for f in ds.train.files + ds.val.files}
     assert not {n for n in names if n.startswith(".")}
@@ -177,3 +178,25 @@ def test_dotfiles_are_skipped_and_a_dangling_symlink_is_named_in_one_warning(tmp
     warnings = [r.getMessage() for r in caplog.records if "symlink" in r.getMessage()]
     assert len(warnings) == 2  # one line per split, naming every dangling link
     assert str(a / "gone.JPEG") in warnings[0] and str(root / "val" / "b" / "gone_too.JPEG") in warnings[1]
+    assert str(a / "loop.JPEG") in warnings[0]
+
+
+def test_an_exclude_list_names_files_whose_names_are_not_utf8(tmp_path):
+    """A Latin-1 file name (bytes that are no UTF-8) listed in a Latin-1 exclude list, as
+    scan_dataset.py writes one: the name matches, where reading the list raised UnicodeDecodeError."""
+    root = make_tree(tmp_path / "ds")
+    name = os.fsdecode(b"caf\xe9.JPEG")
+    (root / "train" / "a" / name).write_bytes((root / "train" / "a" / "ok0.JPEG").read_bytes())
+    exclude = tmp_path / "exclude.txt"
+    exclude.write_bytes(b"train/a/caf\xe9.JPEG\n")
+    ds = scan_dataset(str(root), exclude_list=str(exclude))
+    assert [Path(p).name for p, _ in ds.train.excluded] == [name]
+    assert name not in {Path(f).name for f in ds.train.files}
+
+
+def test_an_exclude_list_that_empties_a_split_is_one_line(tmp_path):
+    root = make_tree(tmp_path / "ds")
+    exclude = tmp_path / "exclude.txt"
+    exclude.write_text("".join(f"{p.relative_to(root)}\n" for p in sorted((root / "train").rglob("*.JPEG"))))
+    with pytest.raises(DatasetError, match=r"/train: every image is in the exclude list$"):
+        scan_dataset(str(root), exclude_list=str(exclude))

@@ -84,6 +84,8 @@ def test_make_synthetic_imagenet_is_deterministic_and_realistic(tmp_path, capfd)
 @pytest.mark.slow
 def test_scan_dataset_classifies_bad_files_and_its_exclude_list_works(bad_tree, tmp_path):  # noqa: F811
     out = tmp_path / "scan"
+    latin1 = os.fsdecode(b"z\xe9ro.JPEG")  # a name that is not UTF-8: the exclude list must still hold it
+    (bad_tree / "train" / "b" / latin1).write_bytes(b"")
     script("scan_dataset.py", bad_tree, "--out", out, "--workers", 2)
     report = json.loads(Path(f"{out}.json").read_text())["findings"]
     assert report["train/b/zero.JPEG"] == ["zero-byte"] and report["train/b/truncated.JPEG"] == ["truncated"]
@@ -92,11 +94,11 @@ def test_scan_dataset_classifies_bad_files_and_its_exclude_list_works(bad_tree, 
     assert report["train/a/gray.JPEG"] == ["grayscale"] and report["train/a/png.JPEG"] == ["wrong-content"]
     assert report["train/b/dht.JPEG"] == ["undecodable"]  # passes train.py's startup check, not DALI
     assert not {f for f in report if "/ok" in f or "padded" in f}  # no finding on clean files
-    exclude = Path(f"{out}_exclude.txt").read_text()
+    exclude = Path(f"{out}_exclude.txt").read_text(errors="surrogateescape")
     assert "train/b/zero.JPEG" in exclude and "train/a/cmyk.JPEG" not in exclude
     ds = scan_dataset(str(bad_tree), exclude_list=f"{out}_exclude.txt", verify=False)
     names = {Path(f).name for f in ds.train.files}
-    assert not names & {"zero.JPEG", "truncated.JPEG", "text.JPEG", "headers.JPEG", "dht.JPEG"}
+    assert not names & {"zero.JPEG", "truncated.JPEG", "text.JPEG", "headers.JPEG", "dht.JPEG", latin1}
     assert "cmyk.JPEG" in names
 
 
