@@ -17,6 +17,14 @@ from typing import Any
 from dali_train.distributed import DistInfo
 
 
+class LineFormatter(logging.Formatter):
+    """A file name that is not UTF-8 (os.fsdecode's surrogates) as `\\udcXX` escapes: as it was,
+    the line was lost to a "--- Logging error ---" traceback on stdout and in train.log."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return super().format(record).encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def setup_logging(dist: DistInfo, run_dir: Path | None) -> None:
     """Rank 0: INFO to the console and to run_dir/train.log; others: WARNING+, prefixed."""
     root = logging.getLogger()
@@ -24,7 +32,7 @@ def setup_logging(dist: DistInfo, run_dir: Path | None) -> None:
         root.removeHandler(h)
         h.close()
     prefix = "" if dist.is_main else f"[rank {dist.rank}] "
-    fmt = logging.Formatter(f"%(asctime)s {prefix}%(levelname).1s %(name)s: %(message)s", "%H:%M:%S")
+    fmt = LineFormatter(f"%(asctime)s {prefix}%(levelname).1s %(name)s: %(message)s", "%H:%M:%S")
     console = logging.StreamHandler(sys.stdout)
     console.setFormatter(fmt)
     root.addHandler(console)

@@ -4,12 +4,15 @@ numbering), a line cut short goes, and TensorBoard hides the redone steps."""
 from __future__ import annotations
 
 import json
+import logging
+import os
 import time
 from pathlib import Path
 
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from dali_train.logs import MetricsWriter
+from dali_train.distributed import DistInfo
+from dali_train.logs import LineFormatter, MetricsWriter, setup_logging
 
 
 def _write_rows(path: Path, rows: list[dict], tail: str = "") -> None:
@@ -62,3 +65,25 @@ def test_tensorboard_hides_the_steps_a_resume_redoes(tmp_path):
         resumed.step({"train/loss": 0.5}, step, 0)
     resumed.close()
     assert _tensorboard_steps(tmp_path, "train/loss") == [1, 2, 3, 4]
+
+
+def test_a_file_name_that_is_not_utf8_is_logged_escaped(tmp_path):
+    """os.scandir gives such a name with surrogates, which a UTF-8 stream refuses: the line was lost
+    to a logging error. The formatter of both handlers escapes it."""
+    name = os.fsdecode(b"caf\xe9.JPEG")
+    record = logging.makeLogRecord({"msg": "skipping %s", "args": (name,), "levelno": logging.WARNING})
+    assert LineFormatter("%(message)s").format(record) == "skipping caf\\udce9.JPEG"
+    root = logging.getLogger()
+    saved = list(root.handlers)
+    try:
+        setup_logging(DistInfo(0, 0, 1), tmp_path)
+        ours = [h for h in root.handlers if h not in saved]
+        assert len(ours) == 2 and all(isinstance(h.formatter, LineFormatter) for h in ours)
+    finally:
+        for h in list(root.handlers):
+            if h not in saved:
+                root.removeHandler(h)
+                h.close()
+        for h in saved:
+            if h not in root.handlers:
+                root.addHandler(h)
