@@ -65,12 +65,17 @@ def _disk_full(e: BaseException) -> bool:
     return isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
 
 
+# What torch's backends say when a collective waited past its timeout: gloo ("Timed out waiting
+# 1800000ms for recv operation"), NCCL's watchdog ("Watchdog caught collective operation timeout").
+# Not any "timeout": a CUDA launch that "timed out" or a file system's is another error.
+_COLLECTIVE_TIMEOUT_MARKERS = ("Timed out waiting", "collective operation timeout")
+
+
 def _collective_timeout(e: BaseException) -> bool:
     """A timeout of a collective: only where there is a process group (another timeout is a bug)."""
     if not (isinstance(e, RuntimeError) and torch.distributed.is_available() and torch.distributed.is_initialized()):
         return False
-    text = str(e).lower()
-    return "timed out" in text or "timeout" in text
+    return any(marker in str(e) for marker in _COLLECTIVE_TIMEOUT_MARKERS)
 
 
 def oom_message(shape: RunShape, gpu_bytes: int | None) -> str:
@@ -105,6 +110,7 @@ def ending_for(e: BaseException, shape: RunShape, dist_timeout_s: float, *, trai
             "collective timed out",
             EXIT_USER,
             f"waited trainer.dist_timeout_s={dist_timeout_s:g} s for the other ranks in a collective: one stopped, "
-            f"hung or died (see its log); raise trainer.dist_timeout_s if a rank legitimately takes that long",
+            f"hung or died (see its log); raise trainer.dist_timeout_s if a rank legitimately takes that long "
+            f"({str(e).strip().splitlines()[0][-200:]})",
         )
     return None

@@ -252,3 +252,20 @@ def test_a_timeout_without_a_process_group_is_not_blamed_on_the_other_ranks():
     shape = RunShape("resnet18", 8, 1, torch.device("cpu"))
     assert not torch.distributed.is_initialized()
     assert ending_for(RuntimeError("socket read timed out"), shape, 1800, training=True) is None
+
+
+def test_under_a_process_group_only_a_collectives_timeout_is_blamed_on_the_other_ranks():
+    """Another error that says "timed out" (a CUDA launch, a file system) keeps its traceback; it
+    was turned into the "collective timed out" line and its own text was lost. The collective's
+    own timeout (gloo's words, as test_a_stopped_rank_ends_the_other_after_dist_timeout_s meets
+    them for real) keeps that line, now with torch's text."""
+    shape = RunShape("resnet18", 8, 1, torch.device("cpu"))
+    torch.distributed.init_process_group("gloo", store=torch.distributed.HashStore(), rank=0, world_size=1)
+    try:
+        launch = RuntimeError("CUDA error: the launch timed out and was terminated")
+        assert ending_for(launch, shape, 1800, training=True) is None
+        gloo = RuntimeError("[gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 4000ms for recv operation")
+        ending = ending_for(gloo, shape, 4, training=True)
+        assert ending.state == "collective timed out" and "Timed out waiting 4000ms" in ending.message
+    finally:
+        torch.distributed.destroy_process_group()
