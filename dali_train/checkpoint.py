@@ -234,7 +234,7 @@ class Checkpointer:
                 f"trainer.resume={path}: not a dali-train checkpoint of format {FORMAT_VERSION} "
                 f"(to start from its weights, use model.pretrained={path})"
             )
-        self._check_fits(state, parts, path)
+        self._check_fits(state, parts, path, eval_only=eval_only)
         ema_only = parts.ema is None and state["model_ema"] is not None  # its best.pt and top-1 are the EMA's
         if ema_only and not eval_only:
             raise CheckpointError(
@@ -246,11 +246,13 @@ class Checkpointer:
             log.info("trainer.resume=%s holds EMA weights: evaluating those (as its top-1 and best.pt were)", path)
         if parts.ema is not None:
             parts.ema.module.load_state_dict(state["model_ema"] if state["model_ema"] is not None else state["model"])
+        next_epoch, next_step = state["next_epoch"], state["next_step"]
+        global_step = state["global_step"]
+        if eval_only:  # the weights only: no optimizer state, schedule position or RNG streams to continue
+            return Resumed(path, next_epoch, next_step, global_step, state["best_top1"])
         self._load_optimizer(parts.optimizer, state["optimizer"], path)
         if parts.scaler is not None and state["scaler"] is not None:
             parts.scaler.load_state_dict(state["scaler"])
-        next_epoch, next_step = state["next_epoch"], state["next_step"]
-        global_step = state["global_step"]
         if state["updates_per_epoch"] != self.meta.updates_per_epoch:  # mid-epoch: fewer steps or files only
             global_step = next_epoch * self.meta.updates_per_epoch + next_step // self.meta.grad_accum_steps
             log.warning(
@@ -275,9 +277,9 @@ class Checkpointer:
             )
         return Resumed(path, next_epoch, next_step, global_step, state["best_top1"])
 
-    def _check_fits(self, state: dict[str, Any], parts, path: str) -> None:
+    def _check_fits(self, state: dict[str, Any], parts, path: str, *, eval_only: bool = False) -> None:
         """One line instead of a wall of missing keys, a KeyError in the optimizer, or a silent
-        wrong position in the epoch."""
+        wrong position in the epoch. An evaluation (`eval_only`) needs only the network to match."""
         meta = self.meta
         if state["model_name"] != meta.model_name:
             raise CheckpointError(
@@ -294,6 +296,16 @@ class Checkpointer:
                     f"its weights would load into another network (resume with model.{key}={then}, or start "
                     f"the new network from them with model.pretrained={path})"
                 )
+        own = unwrap_model(parts.model).state_dict()
+        theirs = state["model"]
+        mismatched = [k for k in own if k not in theirs or theirs[k].shape != own[k].shape]
+        if mismatched or len(theirs) != len(own):
+            raise CheckpointError(
+                f"trainer.resume={path}: weights do not fit {meta.model_name} "
+                f"({len(mismatched)} tensors differ, e.g. {mismatched[:2]}); was it trained with another model.name or class count?"
+            )
+        if eval_only:
+            return
         if state["optimizer_name"] != meta.optimizer_name:
             raise CheckpointError(
                 f"optimizer.name={meta.optimizer_name}: trainer.resume={path} was trained with "
@@ -332,14 +344,6 @@ class Checkpointer:
                     f"{meta.updates_per_epoch * meta.grad_accum_steps} steps (a lower trainer.max_steps_per_epoch, "
                     f"or fewer train files?); resume with the settings it was saved with, or from an end-of-epoch checkpoint"
                 )
-        own = unwrap_model(parts.model).state_dict()
-        theirs = state["model"]
-        mismatched = [k for k in own if k not in theirs or theirs[k].shape != own[k].shape]
-        if mismatched or len(theirs) != len(own):
-            raise CheckpointError(
-                f"trainer.resume={path}: weights do not fit {meta.model_name} "
-                f"({len(mismatched)} tensors differ, e.g. {mismatched[:2]}); was it trained with another model.name or class count?"
-            )
 
     @staticmethod
     def _load_optimizer(optimizer: torch.optim.Optimizer, state: dict[str, Any], path: str) -> None:
@@ -352,7 +356,8 @@ class Checkpointer:
         except (ValueError, KeyError) as e:
             raise CheckpointError(
                 f"trainer.resume={path}: its optimizer state does not fit this run's parameter groups "
-                "(optimizer.no_wd_norm_bias changed? or a model with no_weight_decay() names, a ViT say, "
+                "(optimizer.no_wd_norm_bias changed, or optimizer.weight_decay to or from 0? or a model with "
+                "no_weight_decay() names, a ViT say, "
                 f"saved under torchrun or compile before dali-train kept its weight-decay groups there): {e}"
             ) from None
         for group, settings in zip(optimizer.param_groups, current, strict=True):

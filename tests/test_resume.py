@@ -125,6 +125,15 @@ def test_an_ema_checkpoint_resumes_with_its_ema_and_is_evaluated_on_it(small_roo
     assert evaluated.summary["val_loss"] == pytest.approx(read_json(trained / "summary.json")["val_loss"], rel=1e-5)
 
 
+
+def test_an_evaluation_needs_only_the_network_to_match(small_root, trained, tmp_path):
+    """eval_only reads the weights, not the optimizer state: a checkpoint of another optimizer
+    (or accumulation, or batch size) evaluates, where the resume checks refused it."""
+    last = trained / "checkpoints" / "last.pt"
+    overrides = ("optimizer=adamw", "trainer.grad_accum_steps=2", "trainer.eval_only=true", f"trainer.resume={last}")
+    evaluated = run_inprocess(args(small_root, *overrides), tmp_path / "eval")
+    assert evaluated.summary["val_loss"] == pytest.approx(read_json(trained / "summary.json")["val_loss"], rel=1e-5)
+
 def test_eval_only_in_the_training_runs_dir_leaves_its_logs_and_summary(small_root, tmp_path):
     """Evaluating an earlier checkpoint of a run in that run's dir: its metrics, steps and summary
     stay (the evaluation dropped the later epochs' rows and overwrote summary.json)."""
