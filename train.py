@@ -184,7 +184,7 @@ def train(cfg: DictConfig, dist: DistInfo, run_dir: Path, writer: MetricsWriter,
     elif restart_count():
         log.warning("torchrun restart %d with trainer.resume=%s: training starts over", restart_count(), tc.resume)
     if not tc.eval_only:  # an evaluation in the training run's dir leaves its logs alone
-        writer.drop_after(start_epoch, parts.global_step)  # rows logged after the checkpoint: redone now
+        writer.drop_after(start_epoch, parts.global_step, start_step)  # rows logged after the checkpoint: redone now
     summary["best_val_top1"] = best_top1
     fit = Fit(parts, loaders, checkpointer, writer, stop, tc, c.loader.name, summary, best_top1=best_top1)
     return fit.run(start_epoch, start_step)

@@ -232,7 +232,7 @@ def train_one_epoch(
             }
             if p.device.type == "cuda":
                 values["perf/gpu_mem_gib"] = torch.cuda.max_memory_allocated(p.device) / 2**30
-            ctl.writer.step(values, p.global_step, epoch)
+            ctl.writer.step(values, p.global_step, epoch, batch=start_step + step)
             progress.update(
                 step,
                 loss=values["train/loss"],

@@ -72,21 +72,25 @@ class MetricsWriter:
                 if v is not None and math.isfinite(v):
                     self._tb.add_scalar(tag, v, step)
 
-    def step(self, values: dict[str, float], global_step: int, epoch: int) -> None:
-        """Per-log-interval values: TensorBoard scalars and one line of steps.jsonl."""
+    def step(self, values: dict[str, float], global_step: int, epoch: int, batch: int | None = None) -> None:
+        """Per-log-interval values: TensorBoard scalars and one line of steps.jsonl (`batch`: the
+        loader steps of the epoch done, which tell rows apart within an update's accumulation)."""
         self.scalars(values, global_step)
         if self.enabled:
             if self._steps is None:
                 self._steps = open(self.run_dir / "steps.jsonl", "a")
-            self._steps.write(json.dumps({"epoch": epoch, "step": global_step, **values}) + "\n")
+            where = {"epoch": epoch, "step": global_step} | ({"batch": batch} if batch is not None else {})
+            self._steps.write(json.dumps(where | values) + "\n")
             self._steps.flush()  # a killed run keeps every interval it logged
 
-    def drop_after(self, next_epoch: int, global_step: int) -> None:
+    def drop_after(self, next_epoch: int, global_step: int, next_step: int = 0) -> None:
         """On resume in the same run dir: drop the rows of work after the checkpoint (a kill between
         a log row and last.pt), which the resumed run logs again, and a line cut short by a kill or a
         full disk; TensorBoard hides its points after the checkpoint too. wall_time_s then goes on
         from the last kept epoch's (the time between jobs, and work redone after a mid-epoch save, aside).
-        Rows are matched by epoch first: a resume with another batch size renumbers the updates."""
+        Rows are matched by epoch first: a resume with another batch size renumbers the updates; then
+        by loader step (`next_step` done in `next_epoch`), as rows logged inside one update's
+        accumulation share its number; rows without one (older runs) by update."""
         if not self.enabled:
             return
         log = logging.getLogger("dali_train")
@@ -103,9 +107,8 @@ class MetricsWriter:
                 except json.JSONDecodeError:  # only a last line can be cut short
                     cut += 1
                     continue
-                if row["epoch"] < next_epoch or (
-                    name == "steps.jsonl" and row["epoch"] == next_epoch and row["step"] <= global_step
-                ):
+                done = row["batch"] <= next_step if "batch" in row else row.get("step", 0) <= global_step
+                if row["epoch"] < next_epoch or (name == "steps.jsonl" and row["epoch"] == next_epoch and done):
                     kept.append(line if line.endswith("\n") else line + "\n")
                     renumbered |= name == "steps.jsonl" and row["step"] > global_step
             if name == "metrics.jsonl" and kept:

@@ -47,6 +47,18 @@ def test_rows_after_the_checkpoint_and_a_cut_line_are_dropped(tmp_path):
     assert [r["step"] for r in _rows(tmp_path / "steps.jsonl")] == [2, 4, 6, 8, 10, 11]
 
 
+def test_rows_inside_the_checkpoints_accumulation_window_are_dropped_by_loader_step(tmp_path):
+    """Accumulation 3, a log row every 2 loader steps: the rows at loader steps 30 and 32 both
+    carry update 10. last.pt at loader step 30 keeps the first; the second, logged after it and
+    logged again by the resumed run, was kept too (a duplicate row)."""
+    rows = [{"epoch": 1, "step": b // 3, "batch": b} for b in (26, 28, 30, 32, 34)]
+    _write_rows(tmp_path / "steps.jsonl", [{"epoch": 0, "step": 3}, *rows])  # epoch 0's row: an older run's
+    writer = MetricsWriter(tmp_path, True)
+    writer.drop_after(1, 10, next_step=30)
+    assert [r.get("batch") for r in _rows(tmp_path / "steps.jsonl")] == [None, 26, 28, 30]
+    writer.close()
+
+
 def _tensorboard_steps(run_dir: Path, tag: str) -> list[int]:
     events = EventAccumulator(str(run_dir / "tensorboard"))
     events.Reload()
