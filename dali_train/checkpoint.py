@@ -17,7 +17,7 @@ import logging
 import os
 import random
 import shutil
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +26,7 @@ import torch
 from timm.utils import unwrap_model
 
 from dali_train.distributed import DistInfo
-from dali_train.errors import UserError
+from dali_train.resume_fit import CheckpointError, CheckpointMeta, check_fits, load_optimizer
 
 log = logging.getLogger(__name__)
 
@@ -34,26 +34,8 @@ FORMAT_VERSION = 2  # 2: weights_only-loadable, no scheduler state (1 needed uns
 LOW_SPACE_CHECKPOINTS = 3  # warn at startup when the run dir has room for fewer checkpoints
 
 
-class CheckpointError(UserError):
-    """A checkpoint that cannot be used for this run; one line."""
-
-
 class CheckpointWriteError(CheckpointError):
     """A checkpoint could not be written (disk full, quota, file size limit); the previous one stands."""
-
-
-@dataclass(frozen=True)
-class CheckpointMeta:
-    """What a checkpoint records about the run that wrote it, and what a resume is checked against."""
-
-    model_name: str
-    optimizer_name: str
-    batch_size: int  # per process
-    world_size: int
-    grad_accum_steps: int
-    updates_per_epoch: int  # optimizer steps per epoch: the schedule's unit
-    train_files: int = 0  # files in the train split (each epoch's order permutes them); 0 = unknown
-    config: dict[str, Any] = field(default_factory=dict)  # the plain run config, for the record
 
 
 @dataclass(frozen=True)
@@ -128,11 +110,6 @@ def _file_system_free(directory: Path) -> int:
 
 def _mb(n: int) -> str:
     return f"{n / 2**20:.1f} MiB"
-
-
-# Step counters some optimizers keep in their param groups (timm's Lookahead: when to sync the slow
-# weights; timm's Lamb and Adan: bias correction): restored from the checkpoint, never reset.
-GROUP_COUNTERS = ("lookahead_step", "step")
 
 
 class Checkpointer:
@@ -234,7 +211,7 @@ class Checkpointer:
                 f"trainer.resume={path}: not a dali-train checkpoint of format {FORMAT_VERSION} "
                 f"(to start from its weights, use model.pretrained={path})"
             )
-        self._check_fits(state, parts, path, eval_only=eval_only)
+        check_fits(state, self.meta, parts.model, path, eval_only=eval_only)
         ema_only = parts.ema is None and state["model_ema"] is not None  # its best.pt and top-1 are the EMA's
         if ema_only and not eval_only:
             raise CheckpointError(
@@ -250,7 +227,7 @@ class Checkpointer:
         global_step = state["global_step"]
         if eval_only:  # the weights only: no optimizer state, schedule position or RNG streams to continue
             return Resumed(path, next_epoch, next_step, global_step, state["best_top1"])
-        self._load_optimizer(parts.optimizer, state["optimizer"], path)
+        load_optimizer(parts.optimizer, state["optimizer"], path)
         if parts.scaler is not None and state["scaler"] is not None:
             parts.scaler.load_state_dict(state["scaler"])
         if state["updates_per_epoch"] != self.meta.updates_per_epoch:  # mid-epoch: fewer steps or files only
@@ -276,89 +253,3 @@ class Checkpointer:
                 self.dist.world_size,
             )
         return Resumed(path, next_epoch, next_step, global_step, state["best_top1"])
-
-    def _check_fits(self, state: dict[str, Any], parts, path: str, *, eval_only: bool = False) -> None:
-        """One line instead of a wall of missing keys, a KeyError in the optimizer, or a silent
-        wrong position in the epoch. An evaluation (`eval_only`) needs only the network to match."""
-        meta = self.meta
-        if state["model_name"] != meta.model_name:
-            raise CheckpointError(
-                f"trainer.resume={path}: checkpoint is of model {state['model_name']}, this run builds {meta.model_name}"
-            )
-        # no saved tensor tells these networks apart: the blurs' filters are buffers built, not loaded,
-        # and kwargs may change only activations (act_layer: mish) with every shape the same
-        for key, default in (("stem_blur_pool", False), ("blur_strided_convs", False), ("kwargs", {})):
-            then = (state.get("config") or {}).get("model", {}).get(key, default)
-            now = meta.config.get("model", {}).get(key, default)
-            if then != now:
-                raise CheckpointError(
-                    f"model.{key}={now}: trainer.resume={path} was trained with model.{key}={then}; "
-                    f"its weights would load into another network (resume with model.{key}={then}, or start "
-                    f"the new network from them with model.pretrained={path})"
-                )
-        own = unwrap_model(parts.model).state_dict()
-        theirs = state["model"]
-        mismatched = [k for k in own if k not in theirs or theirs[k].shape != own[k].shape]
-        if mismatched or len(theirs) != len(own):
-            raise CheckpointError(
-                f"trainer.resume={path}: weights do not fit {meta.model_name} "
-                f"({len(mismatched)} tensors differ, e.g. {mismatched[:2]}); was it trained with another model.name or class count?"
-            )
-        if eval_only:
-            return
-        if state["optimizer_name"] != meta.optimizer_name:
-            raise CheckpointError(
-                f"optimizer.name={meta.optimizer_name}: trainer.resume={path} was trained with "
-                f"optimizer.name={state['optimizer_name']}, whose state does not carry over; resume with "
-                f"optimizer={state['optimizer_name']}, or start from its weights with model.pretrained={path}"
-            )
-        if state["next_step"] > 0 and state.get("train_files") and meta.train_files != state["train_files"]:
-            # the documented way past a bad file is to exclude it and resume; not an error, but said
-            log.warning(
-                "the train split has %d files, trainer.resume=%s was saved in mid-epoch (epoch %d step %d) "
-                "over %d: the rest of epoch %d follows a new order, so some of its images are read twice "
-                "and others not at all (that epoch only)",
-                meta.train_files,
-                path,
-                state["next_epoch"],
-                state["next_step"],
-                state["train_files"],
-                state["next_epoch"],
-            )
-        if state["next_step"] > 0:
-            for key, then, now in (
-                ("loader.batch_size", state["batch_size"], meta.batch_size),
-                ("trainer.grad_accum_steps", state["grad_accum_steps"], meta.grad_accum_steps),
-                ("world size (--nproc_per_node)", state["world_size"], meta.world_size),
-            ):
-                if then != now:
-                    raise CheckpointError(
-                        f"{key}={now}: trainer.resume={path} was saved in mid-epoch (epoch {state['next_epoch']} "
-                        f"step {state['next_step']}) with {key}={then}, so its place in the epoch is ambiguous; "
-                        f"resume with {key}={then} (change it at an epoch boundary), or from an end-of-epoch checkpoint"
-                    )
-            if state["next_step"] // meta.grad_accum_steps >= meta.updates_per_epoch:  # nothing left of it
-                raise CheckpointError(
-                    f"trainer.resume={path} was saved in mid-epoch (epoch {state['next_epoch']} step "
-                    f"{state['next_step']}), past the end of this run's epochs of at most "
-                    f"{meta.updates_per_epoch * meta.grad_accum_steps} steps (a lower trainer.max_steps_per_epoch, "
-                    f"or fewer train files?); resume with the settings it was saved with, or from an end-of-epoch checkpoint"
-                )
-
-    @staticmethod
-    def _load_optimizer(optimizer: torch.optim.Optimizer, state: dict[str, Any], path: str) -> None:
-        """The saved moments and step counts; hyperparameters (LR, decay, momentum) stay the current config's."""
-        current = [
-            {k: v for k, v in g.items() if k != "params" and k not in GROUP_COUNTERS} for g in optimizer.param_groups
-        ]
-        try:
-            optimizer.load_state_dict(state)
-        except (ValueError, KeyError) as e:
-            raise CheckpointError(
-                f"trainer.resume={path}: its optimizer state does not fit this run's parameter groups "
-                "(optimizer.no_wd_norm_bias changed, or optimizer.weight_decay to or from 0? or a model with "
-                "no_weight_decay() names, a ViT say, "
-                f"saved under torchrun or compile before dali-train kept its weight-decay groups there): {e}"
-            ) from None
-        for group, settings in zip(optimizer.param_groups, current, strict=True):
-            group.update(settings)

@@ -1,0 +1,126 @@
+"""Whether a checkpoint fits the run that loads it, and its optimizer state loaded into this run's:
+one line naming the option that differs, instead of a wall of missing keys, a KeyError in the
+optimizer, or a silent wrong place in the epoch."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from timm.utils import unwrap_model
+
+from dali_train.errors import UserError
+
+log = logging.getLogger(__name__)
+
+# Step counters some optimizers keep in their param groups (timm's Lookahead: when to sync the slow
+# weights; timm's Lamb and Adan: bias correction): restored from the checkpoint, never reset.
+GROUP_COUNTERS = ("lookahead_step", "step")
+
+
+class CheckpointError(UserError):
+    """A checkpoint that cannot be used for this run; one line."""
+
+
+@dataclass(frozen=True)
+class CheckpointMeta:
+    """What a checkpoint records about the run that wrote it, and what a resume is checked against."""
+
+    model_name: str
+    optimizer_name: str
+    batch_size: int  # per process
+    world_size: int
+    grad_accum_steps: int
+    updates_per_epoch: int  # optimizer steps per epoch: the schedule's unit
+    train_files: int = 0  # files in the train split (each epoch's order permutes them); 0 = unknown
+    config: dict[str, Any] = field(default_factory=dict)  # the plain run config, for the record
+
+
+def check_fits(
+    state: dict[str, Any], meta: CheckpointMeta, model: torch.nn.Module, path: str, *, eval_only: bool = False
+) -> None:
+    """One line instead of a wall of missing keys, a KeyError in the optimizer, or a silent
+    wrong position in the epoch. An evaluation (`eval_only`) needs only the network to match."""
+    if state["model_name"] != meta.model_name:
+        raise CheckpointError(
+            f"trainer.resume={path}: checkpoint is of model {state['model_name']}, this run builds {meta.model_name}"
+        )
+    # no saved tensor tells these networks apart: the blurs' filters are buffers built, not loaded,
+    # and kwargs may change only activations (act_layer: mish) with every shape the same
+    for key, default in (("stem_blur_pool", False), ("blur_strided_convs", False), ("kwargs", {})):
+        then = (state.get("config") or {}).get("model", {}).get(key, default)
+        now = meta.config.get("model", {}).get(key, default)
+        if then != now:
+            raise CheckpointError(
+                f"model.{key}={now}: trainer.resume={path} was trained with model.{key}={then}; "
+                f"its weights would load into another network (resume with model.{key}={then}, or start "
+                f"the new network from them with model.pretrained={path})"
+            )
+    own = unwrap_model(model).state_dict()
+    theirs = state["model"]
+    mismatched = [k for k in own if k not in theirs or theirs[k].shape != own[k].shape]
+    if mismatched or len(theirs) != len(own):
+        raise CheckpointError(
+            f"trainer.resume={path}: weights do not fit {meta.model_name} "
+            f"({len(mismatched)} tensors differ, e.g. {mismatched[:2]}); was it trained with another model.name or class count?"
+        )
+    if eval_only:
+        return
+    if state["optimizer_name"] != meta.optimizer_name:
+        raise CheckpointError(
+            f"optimizer.name={meta.optimizer_name}: trainer.resume={path} was trained with "
+            f"optimizer.name={state['optimizer_name']}, whose state does not carry over; resume with "
+            f"optimizer={state['optimizer_name']}, or start from its weights with model.pretrained={path}"
+        )
+    if state["next_step"] > 0 and state.get("train_files") and meta.train_files != state["train_files"]:
+        # the documented way past a bad file is to exclude it and resume; not an error, but said
+        log.warning(
+            "the train split has %d files, trainer.resume=%s was saved in mid-epoch (epoch %d step %d) "
+            "over %d: the rest of epoch %d follows a new order, so some of its images are read twice "
+            "and others not at all (that epoch only)",
+            meta.train_files,
+            path,
+            state["next_epoch"],
+            state["next_step"],
+            state["train_files"],
+            state["next_epoch"],
+        )
+    if state["next_step"] > 0:
+        for key, then, now in (
+            ("loader.batch_size", state["batch_size"], meta.batch_size),
+            ("trainer.grad_accum_steps", state["grad_accum_steps"], meta.grad_accum_steps),
+            ("world size (--nproc_per_node)", state["world_size"], meta.world_size),
+        ):
+            if then != now:
+                raise CheckpointError(
+                    f"{key}={now}: trainer.resume={path} was saved in mid-epoch (epoch {state['next_epoch']} "
+                    f"step {state['next_step']}) with {key}={then}, so its place in the epoch is ambiguous; "
+                    f"resume with {key}={then} (change it at an epoch boundary), or from an end-of-epoch checkpoint"
+                )
+        if state["next_step"] // meta.grad_accum_steps >= meta.updates_per_epoch:  # nothing left of it
+            raise CheckpointError(
+                f"trainer.resume={path} was saved in mid-epoch (epoch {state['next_epoch']} step "
+                f"{state['next_step']}), past the end of this run's epochs of at most "
+                f"{meta.updates_per_epoch * meta.grad_accum_steps} steps (a lower trainer.max_steps_per_epoch, "
+                f"or fewer train files?); resume with the settings it was saved with, or from an end-of-epoch checkpoint"
+            )
+
+
+def load_optimizer(optimizer: torch.optim.Optimizer, state: dict[str, Any], path: str) -> None:
+    """The saved moments and step counts; hyperparameters (LR, decay, momentum) stay the current config's."""
+    current = [
+        {k: v for k, v in g.items() if k != "params" and k not in GROUP_COUNTERS} for g in optimizer.param_groups
+    ]
+    try:
+        optimizer.load_state_dict(state)
+    except (ValueError, KeyError) as e:
+        raise CheckpointError(
+            f"trainer.resume={path}: its optimizer state does not fit this run's parameter groups "
+            "(optimizer.no_wd_norm_bias changed, or optimizer.weight_decay to or from 0? or a model with "
+            "no_weight_decay() names, a ViT say, "
+            f"saved under torchrun or compile before dali-train kept its weight-decay groups there): {e}"
+        ) from None
+    for group, settings in zip(optimizer.param_groups, current, strict=True):
+        group.update(settings)
