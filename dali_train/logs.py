@@ -107,8 +107,11 @@ class MetricsWriter:
                 except json.JSONDecodeError:  # only a last line can be cut short
                     cut += 1
                     continue
-                done = row["batch"] <= next_step if "batch" in row else row.get("step", 0) <= global_step
-                if row["epoch"] < next_epoch or (name == "steps.jsonl" and row["epoch"] == next_epoch and done):
+                if row["epoch"] < next_epoch or (
+                    name == "steps.jsonl"
+                    and row["epoch"] == next_epoch
+                    and (row["batch"] <= next_step if "batch" in row else row["step"] <= global_step)
+                ):
                     kept.append(line if line.endswith("\n") else line + "\n")
                     renumbered |= name == "steps.jsonl" and row["step"] > global_step
             if name == "metrics.jsonl" and kept:

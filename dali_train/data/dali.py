@@ -179,7 +179,8 @@ class DaliLoader:
             mine = contiguous_shard(len(self.split), self.dist.rank, self.dist.world_size)
         ahead = self.settings.prefetch_queue_depth + 1
         candidates = [self.split.files[i] for i in mine[done * self.batch_size : (done + ahead) * self.batch_size]]
-        bad = [path for path in candidates if path in str(e)]  # "Failed to decode sample #N : PATH"
+        text = str(e)
+        bad = [path for path in candidates if path in text]  # "Failed to decode sample #N : PATH"
         for path in [] if bad else candidates:
             try:
                 with Image.open(path) as im:
