@@ -31,6 +31,7 @@ from omegaconf import DictConfig, OmegaConf
 from dali_train.checkpoint import Checkpointer, CheckpointMeta
 from dali_train.config import (
     EVAL_RECORD_DIR,
+    check_experiment_choice,
     composition_error_line,
     holds_a_run,
     load_config,
@@ -220,6 +221,7 @@ def main(cfg: DictConfig) -> float:
     global _task_started
     _task_started = True
     try:
+        check_experiment_choice(HydraConfig.get().runtime.choices.get("experiment"))
         require_values(cfg)  # before run() logs the resolved config
         return run(cfg)
     except UserError as e:  # before the run dir: no summary

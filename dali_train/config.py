@@ -260,6 +260,21 @@ def require_values(cfg: DictConfig) -> None:
         raise UserError(f"{missing[0]}: no value; set it on the command line ({missing[0]}=...)")
 
 
+def check_experiment_choice(choice: str | None) -> None:
+    """A UserError for `+experiment=base/...`: such a file is what several recipes share (each sets
+    the values that differ, epochs among them), and alone it would train with the schema's defaults
+    for those, a recipe no one wrote. Its `???` could not say so: merged onto a set default, OmegaConf
+    keeps the default."""
+    if choice and choice.split("/")[0] == "base":
+        folder = Path(__file__).resolve().parents[1] / "conf" / "experiment"
+        part = choice.removeprefix("base/")
+        users = sorted(p.stem for p in folder.glob("*.yaml") if f"base/{part}" in p.read_text(encoding="utf-8"))
+        raise UserError(
+            f"experiment={choice}: a part that recipes share, not a recipe; choose one of them: "
+            f"{', '.join(f'+experiment={name}' for name in users) or 'none uses it'}"
+        )
+
+
 def load_config(cfg: DictConfig) -> Config:
     """The composed config as typed objects, every value checked (`__post_init__`); a UserError
     naming the key otherwise. The builders take the parts of what this returns."""
