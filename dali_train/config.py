@@ -254,8 +254,12 @@ def register_configs() -> None:
 
 
 def require_values(cfg: DictConfig) -> None:
-    """A UserError naming the first key left `???` (a required value nobody set)."""
-    missing = sorted(OmegaConf.missing_keys(cfg))
+    """A UserError naming the first key left `???` (a required value nobody set), or the first
+    interpolation that does not resolve (`${oc.env:UNSET}`): finding what is missing resolves them."""
+    try:
+        missing = sorted(OmegaConf.missing_keys(cfg))
+    except OmegaConfBaseException as e:
+        raise UserError(f"{e.full_key or 'config'}: {str(e.msg).splitlines()[0]}") from None
     if missing:
         raise UserError(f"{missing[0]}: no value; set it on the command line ({missing[0]}=...)")
 

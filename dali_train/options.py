@@ -90,6 +90,10 @@ class PytorchLoaderConfig(LoaderConfig):
     pin_memory: bool = True  # page-locked batches for faster host-to-GPU copies
     persistent_workers: bool = True  # keep workers alive across epochs
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        must_be_at_least("loader.num_workers", self.num_workers, 0)
+
 
 @dataclass
 class SyntheticLoaderConfig(LoaderConfig):
@@ -98,6 +102,12 @@ class SyntheticLoaderConfig(LoaderConfig):
     synthetic_num_classes: int = 1000  # label range
     synthetic_steps: int = 100  # train batches per epoch
     synthetic_val_steps: int = 10  # val batches per epoch
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        must_be_at_least("loader.synthetic_num_classes", self.synthetic_num_classes, 2)
+        must_be_at_least("loader.synthetic_steps", self.synthetic_steps, 1)
+        must_be_at_least("loader.synthetic_val_steps", self.synthetic_val_steps, 1)
 
 
 LOADER_SCHEMAS: dict[str, type[LoaderConfig]] = {

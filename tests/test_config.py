@@ -124,6 +124,11 @@ def test_a_key_of_another_option_fails_at_composition_like_a_typo(hydra_conf, ov
         (["trainer.save_every_n_steps=-1"], "trainer.save_every_n_steps=-1: must be at least 0"),
         (["trainer.cuda_max_connections=64"], "trainer.cuda_max_connections=64: must be in [0, 32]"),
         (["loader.hw_decoder_load=1.5"], "loader.hw_decoder_load=1.5: must be in [0, 1]"),
+        # a DataLoader traceback, a random_ traceback, and two epochs that trained or validated nothing
+        (["loader=pytorch", "loader.num_workers=-1"], "loader.num_workers=-1: must be at least 0"),
+        (["loader=synthetic", "loader.synthetic_num_classes=0"], "loader.synthetic_num_classes=0: must be at least 2"),
+        (["loader=synthetic", "loader.synthetic_steps=0"], "loader.synthetic_steps=0: must be at least 1"),
+        (["loader=synthetic", "loader.synthetic_val_steps=0"], "loader.synthetic_val_steps=0: must be at least 1"),
     ],
 )
 def test_option_values_are_checked_by_the_schema_before_any_work(hydra_conf, overrides, message):
@@ -146,6 +151,21 @@ def test_each_default_exists_once_in_the_schema():
                     if key not in ("defaults", "name"):
                         assert defaults[key] != value, f"conf/{group}/{name}.yaml restates the default of {key}"
     GlobalHydra.instance().clear()
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("data.root=${oc.env:DALI_TRAIN_TEST_UNSET}", "data.root: KeyError raised while resolving interpolation"),
+        ("optimizer.lr=${optimizer.nope}", "optimizer.lr: Interpolation key 'optimizer.nope' not found"),
+    ],
+)
+def test_an_interpolation_that_does_not_resolve_is_one_line(tmp_path, capfd, override, message):
+    """Finding the `???` keys resolves every value: an unset variable was a traceback, exit 1."""
+    proc = run_script("train.py", override, f"hydra.run.dir={tmp_path}", capfd=capfd, check=False)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {message}"), lines
 
 
 def test_imagenet_root_is_required(hydra_conf):
