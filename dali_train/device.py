@@ -29,9 +29,21 @@ def select_device(name: str, dist: DistInfo) -> torch.device:
         raise UserError("trainer.device=cuda: no CUDA device is visible; use trainer.device=cpu or auto")
     if name == "cpu" or (name == "auto" and not torch.cuda.is_available()):
         return torch.device("cpu")
-    device = torch.device("cuda", dist.local_rank % torch.cuda.device_count())
+    device = torch.device("cuda", gpu_of_rank(dist.local_rank, torch.cuda.device_count()))
     torch.cuda.set_device(device)  # this rank's GPU for NCCL and DALI (starts the CUDA context)
     return device
+
+
+def gpu_of_rank(local_rank: int, visible: int) -> int:
+    """This rank's GPU index: its local rank. More ranks on a node than GPUs would put two on one
+    GPU (NCCL refuses that mid-setup; anything else trains them at half speed): one line instead."""
+    if local_rank >= visible:
+        raise UserError(
+            f"local rank {local_rank}, but this node has {visible} visible GPU(s) "
+            f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}): start at most "
+            f"{visible} processes per node (torchrun --nproc_per_node={visible})"
+        )
+    return local_rank
 
 
 def amp_dtype_for(name: str, device: torch.device) -> torch.dtype | None:

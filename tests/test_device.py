@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dali_train.device import configure_backends
+from dali_train.device import configure_backends, gpu_of_rank
+from dali_train.errors import UserError
 
 
 @pytest.fixture
@@ -23,3 +24,10 @@ def test_tf32_false_keeps_fp32_matmuls_and_convolutions_in_full_precision():
     configure_backends(cuda, deterministic=False, cudnn_benchmark=False, tf32=False)
     assert not torch.backends.cuda.matmul.allow_tf32 and not torch.backends.cudnn.allow_tf32
     assert not torch.backends.cudnn.benchmark
+
+
+def test_each_rank_gets_its_own_gpu_and_more_ranks_than_gpus_is_one_line():
+    assert [gpu_of_rank(r, 2) for r in (0, 1)] == [0, 1]
+    with pytest.raises(UserError, match=r"local rank 2, but this node has 2 visible GPU\(s\).*--nproc_per_node=2") as e:
+        gpu_of_rank(2, 2)  # it was GPU 0 again, beside rank 0
+    assert "\n" not in str(e.value)
