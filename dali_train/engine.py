@@ -294,6 +294,8 @@ def evaluate(
                 first = logits.clone()
                 logits = (first + model(images.flip(3)).float()) / 2  # dim 3: the width (NCHW view)
         n = labels.shape[0]
+        if n == 0:  # a shorter shard's last batch, all padding (3 ranks, 50 images: 16/17/17); its forward ran
+            continue  # with the other ranks' (DDP broadcasts buffers at each one); its accuracy would be 0/0
         top1, top5 = accuracy(logits, labels, topk=(1, 5))  # percentages of this batch
         loss = torch.nn.functional.cross_entropy(logits, labels, reduction="sum")
         totals += torch.stack([top1 * n / 100, top5 * n / 100, loss]).double()

@@ -9,7 +9,11 @@ set -euo pipefail
 NNODES=${NNODES:?number of nodes}
 NODE_RANK=${NODE_RANK:?the index of this node, 0..NNODES-1}
 MASTER=${MASTER:?host:port of the rendezvous (node 0)}
-NPROC=${NPROC:-$(nvidia-smi -L 2>/dev/null | grep -c GPU || true)}  # GPUs of this node
+# One process per GPU this node lets us use: CUDA_VISIBLE_DEVICES's list when set (nvidia-smi ignores it)
+if [ -z "${NPROC:-}" ] && [ -n "${CUDA_VISIBLE_DEVICES+set}" ]; then
+  NPROC=$(tr ',' '\n' <<<"$CUDA_VISIBLE_DEVICES" | grep -c . || true)
+fi
+NPROC=${NPROC:-$(nvidia-smi -L 2>/dev/null | grep -c GPU || true)}
 [ "${NPROC:-0}" -gt 0 ] || NPROC=1
 RDZV_ID=${RDZV_ID:-dali-train}
 # From where it was launched (no cd): relative data paths and outputs/ stay where the user is, as with train.py

@@ -225,15 +225,17 @@ def test_two_nodes_on_localhost_read_disjoint_shards_that_cover_the_dataset(tmp_
 
 
 def test_train_multinode_sh_runs_two_nodes_on_localhost(small_root, tmp_path):
-    """The README's multi-node command, as written, on two "nodes" of one CPU process each; with
-    no nvidia-smi the script's NPROC falls back to 1."""
+    """The README's multi-node command, as written, on two "nodes" of CPU processes: node 0 starts
+    one per entry of its CUDA_VISIBLE_DEVICES (two; nvidia-smi would count every GPU), node 1,
+    with neither, falls back to 1. Three ranks also give validation a shard that ends a batch early."""
     port, run = free_port(), tmp_path / "run"
     train = [*TINY, f"data.root={small_root}", "trainer.epochs=1", "trainer.max_steps_per_epoch=2", f"hydra.run.dir={run}"]
     procs = [
         subprocess.Popen(
             ["bash", str(REPO / "scripts" / "train_multinode.sh"), *train],
             env={**launch_env(), "NNODES": "2", "NODE_RANK": str(node), "MASTER": f"127.0.0.1:{port}",
-                 "PATH": "/usr/bin:/bin:" + str(Path(sys.executable).parent)},
+                 "PATH": "/usr/bin:/bin:" + str(Path(sys.executable).parent),
+                 **({"CUDA_VISIBLE_DEVICES": "0,1"} if node == 0 else {})},
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
@@ -242,4 +244,6 @@ def test_train_multinode_sh_runs_two_nodes_on_localhost(small_root, tmp_path):
     ]
     outputs = [p.communicate(timeout=300)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], [o[-2000:] for o in outputs]
-    assert read_json(run / "summary.json")["world_size"] == 2
+    summary = read_json(run / "summary.json")
+    # 50 val images on 3 ranks: shards of 16/17/17, so rank 0's second val batch is empty (it was NaN)
+    assert summary["world_size"] == 3 and summary["val_samples"] == 50 and summary["end_state"] == "completed"
