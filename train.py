@@ -184,6 +184,8 @@ def train(cfg: DictConfig, dist: DistInfo, run_dir: Path, writer: MetricsWriter,
         log.info("resumed from %s at epoch %d step %d (best top-1 %.2f)", resume, start_epoch, start_step, best_top1)
     elif restart_count():
         log.warning("torchrun restart %d with trainer.resume=%s: training starts over", restart_count(), tc.resume)
+    elif tc.resume == "auto" and not tc.eval_only:  # a first job, or a rerun that missed its run's dir
+        log.info("trainer.resume=auto: no %s yet, so training starts at epoch 0", checkpointer.path("last.pt"))
     if not tc.eval_only:  # an evaluation in the training run's dir leaves its logs alone
         writer.drop_after(start_epoch, parts.global_step, start_step)  # rows logged after the checkpoint: redone now
     summary["best_val_top1"] = best_top1

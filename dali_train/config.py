@@ -27,6 +27,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from dali_train.distributed import restart_count
 from dali_train.errors import UserError
 from dali_train.options import (  # the option groups' schemas
     AnnealSchedulerConfig,
@@ -232,11 +233,21 @@ def holds_a_run(run_dir: Path) -> bool:
 EVAL_RECORD_DIR = ".hydra-eval"  # where an evaluation in a run's dir records its config
 
 
-def hydra_record_dir(eval_only: bool, output_dir: str) -> str:
+def hydra_record_dir(eval_only: bool, output_dir: str, resume: str | None = None) -> str:
     """hydra.output_subdir: an evaluation in a run's dir records its config beside the run's .hydra/,
     not over it (that one says what the run trained with). Resolved before Hydra writes the record,
-    so a .hydra/ there is a run's, even one killed before its first metrics row."""
+    so a .hydra/ there is a run's, even one killed before its first metrics row.
+
+    A new training run (no trainer.resume) in a dir that holds a run is refused here, before Hydra
+    overwrites that run's record: it would also overwrite its checkpoints and drop its log rows (a
+    SLURM requeue or a rerun into the same folder without resume). A torchrun restart starts over
+    as it always has (train.py warns)."""
     run_dir = Path(output_dir)
+    if not eval_only and resume is None and holds_a_run(run_dir) and not restart_count():
+        raise UserError(
+            f"{run_dir} holds a run already; continue it with trainer.resume=auto, or give this run "
+            f"another hydra.run.dir (hydra.sweep.dir in a sweep)"
+        )
     return EVAL_RECORD_DIR if eval_only and (holds_a_run(run_dir) or (run_dir / ".hydra").is_dir()) else ".hydra"
 
 
@@ -295,6 +306,11 @@ def composition_error_line(error: BaseException) -> str:
     cause = error
     while cause.__cause__ is not None and not isinstance(cause, OmegaConfBaseException):
         cause = cause.__cause__
+    refusal = cause  # one of our resolvers refused (hydra_record_dir): OmegaConf chains it as a context
+    while refusal is not None and not isinstance(refusal, UserError):
+        refusal = refusal.__cause__ or refusal.__context__
+    if refusal is not None:
+        return str(refusal)
     if isinstance(cause, OmegaConfBaseException) and cause.full_key:
         return f"{cause.full_key}: {str(cause.msg).splitlines()[0]}"
     parts: list[str] = []  # "Available options in 'loader':" and its indented list become one part

@@ -15,6 +15,7 @@ from __future__ import annotations
 import errno
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -46,9 +47,14 @@ class RunShape:
 COMPLETED = Ending("completed", 0)
 
 
-def job_done(epochs_done: int, epochs: int) -> Ending:
-    """A job of `trainer.epochs_per_job` epochs ended as planned, before the run's last epoch."""
-    return Ending("job done", 0, f"{epochs_done} of {epochs} epochs done; continue with trainer.resume=auto (or PATH)")
+def job_done(epochs_done: int, epochs: int, run_dir: Path) -> Ending:
+    """A job of `trainer.epochs_per_job` epochs ended as planned, before the run's last epoch. The
+    next job must name this dir: a plain rerun gets a new timestamped one, with no last.pt."""
+    return Ending(
+        "job done",
+        0,
+        f"{epochs_done} of {epochs} epochs done; continue with trainer.resume=auto hydra.run.dir={run_dir}",
+    )
 
 
 def stopped_by_signal(signum: int, message: str, hand_over: Callable[[], None] | None = None) -> Ending:

@@ -173,7 +173,7 @@ class Fit:
             train_img_s=img_s,
             data_wait_frac=wait,
         )
-        ending = job_done(end_epoch, tc.epochs) if epoch_stats and end_epoch < tc.epochs else COMPLETED
+        ending = job_done(end_epoch, tc.epochs, self.checkpointer.dir.parent) if epoch_stats and end_epoch < tc.epochs else COMPLETED
         log.info(
             "%s: val top-1 %.2f (best %.2f), top-5 %.2f on %d images; %s",
             ending.state,

@@ -115,3 +115,22 @@ def test_an_evaluation_in_a_run_killed_in_its_first_epoch_leaves_its_config(tmp_
     assert (run / ".hydra" / "overrides.yaml").read_bytes() == overrides
     assert not (run / "summary.json").exists() and read_json(run / "eval_summary.json")["end_state"] != "completed"
 
+
+
+def test_a_new_run_in_a_runs_dir_is_refused_before_anything_is_written(tmp_path, capfd):
+    """Without trainer.resume, a second run in a run's dir (a rerun into the same folder, a SLURM
+    requeue) overwrote its config record and checkpoints and dropped its log rows: one line now."""
+    run = tmp_path / "run"
+    run_script("train.py", *TINY_SYNTHETIC, f"hydra.run.dir={run}", capfd=capfd)
+    files = [p for p in run.rglob("*") if p.is_file() and p.name != "train.log"]
+    kept = {p: p.read_bytes() for p in files}
+    assert run / "checkpoints" / "last.pt" in kept and run / ".hydra" / "config.yaml" in kept
+    again = run_script("train.py", *TINY_SYNTHETIC, f"hydra.run.dir={run}", "seed=1", capfd=capfd, check=False)
+    assert again.returncode == 2, again.stderr[-2000:]
+    assert again.stderr.strip().splitlines() == [
+        f"error: {run} holds a run already; continue it with trainer.resume=auto, or give this run another "
+        "hydra.run.dir (hydra.sweep.dir in a sweep)"
+    ]
+    assert {p: p.read_bytes() for p in files} == kept
+    resumed = run_script("train.py", *TINY_SYNTHETIC, f"hydra.run.dir={run}", "trainer.epochs=2", "trainer.resume=auto", capfd=capfd)
+    assert resumed.returncode == 0 and read_json(run / "summary.json")["epochs_completed"] == 2
