@@ -38,6 +38,20 @@ def test_recipe_composes_and_names_its_published_number(recipe):
         assert cfg.data.progressive.enabled and cfg.scheduler.name == "linear" and cfg.trainer.label_smoothing == 0.1
 
 
+@pytest.mark.parametrize("recipe", ["imagenette_128_5ep", "imagenette_128_20ep"])
+def test_a_model_chosen_on_the_command_line_replaces_the_recipes(recipe):
+    """The Imagenette recipes' network is a model option (xse_resnext50): `model=resnet18` trains a
+    ResNet-18, where the recipe's own model keys used to win over the user's choice, silently."""
+    register_configs()
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        own = compose("config", overrides=[f"+experiment={recipe}", "data.root=/data"])
+        chosen = compose("config", overrides=[f"+experiment={recipe}", "model=resnet18", "data.root=/data"])
+    GlobalHydra.instance().clear()
+    assert own.model.name == "resnetblur50d" and own.model.kwargs.cardinality == 32 and own.model.weight_init == "fan_in"
+    assert chosen.model.name == "resnet18" and not chosen.model.kwargs and chosen.model.weight_init == "timm"
+
+
 # In-process (run(cfg) on the composed recipe; no subprocess's imports), one test per recipe so the
 # xdist workers share them: the recipe's own model, optimizer, schedule and loader, only made small.
 SHRINK = [
