@@ -34,11 +34,27 @@ def read_labels(labels: Path, synsets: Path | None, files: list[str]) -> dict[st
             rows = csv.DictReader(f)
             if not rows.fieldnames or not {"ImageId", "PredictionString"} <= set(rows.fieldnames):
                 sys.exit(f"error: --labels {labels}: expected the columns ImageId,PredictionString")
-            return {r["ImageId"]: r["PredictionString"].split()[0] for r in rows}
+            by_id = {}
+            for line, r in enumerate(rows, start=2):
+                if not (r["PredictionString"] or "").split():
+                    sys.exit(f"error: --labels {labels}: line {line} ({r['ImageId']}) has no class")
+                by_id[r["ImageId"]] = r["PredictionString"].split()[0]
+            return by_id
     if synsets is None:
         sys.exit(f"error: --labels {labels}: a ground-truth ID list needs --synsets (the 1000 wnids in ID order)")
+    if not synsets.is_file():
+        sys.exit(f"error: --synsets {synsets}: no such file")
     wnids = [line.split()[0] for line in synsets.read_text().splitlines() if line.strip()]
-    ids = [int(line) for line in labels.read_text().split()]
+    words = labels.read_text().split()
+    bad = next((w for w in words if not w.isdigit()), None)
+    if bad is not None or not words:
+        sys.exit(
+            f"error: --labels {labels}: expected one class ID (1..{len(wnids)}) per line"
+            + (f", found {bad!r}" if bad is not None else ", found none")
+        )
+    ids = [int(w) for w in words]
+    if min(ids) < 1:  # 0-based IDs would shift every label by one class, silently
+        sys.exit(f"error: --labels {labels}: class IDs start at 1 (the devkit's), this list has {min(ids)}")
     if max(ids) > len(wnids):
         sys.exit(f"error: --synsets {synsets}: {len(wnids)} wnids, but labels go up to {max(ids)}")
     # Line N is ILSVRC2012_val_<N>'s label: by name, so a run interrupted after some moves resumes

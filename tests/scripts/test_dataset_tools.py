@@ -191,6 +191,39 @@ def test_prepare_imagenet_val_from_csv_and_from_devkit_ids(tmp_path):
     shutil.rmtree(tmp_path / "csv")
 
 
+@pytest.mark.parametrize(
+    "ids, synsets, message",
+    [
+        ("0\n1\n0\n2\n", "n01\nn02\nn03\n", "class IDs start at 1 (the devkit's), this list has 0"),  # shifted silently
+        ("n01 1\n", "n01\nn02\n", "expected one class ID (1..2) per line, found 'n01'"),  # Caffe's val.txt
+        ("", "n01\n", "expected one class ID (1..1) per line, found none"),
+        ("1\n", None, "--synsets"),  # a path that is not there
+    ],
+)
+def test_prepare_imagenet_val_refuses_an_id_list_it_would_misread_in_one_line(tmp_path, ids, synsets, message):
+    val = tmp_path / "val"
+    val.mkdir()
+    for i in range(1, 5):
+        Image.new("RGB", (8, 8)).save(val / f"ILSVRC2012_val_{i:08d}.JPEG")
+    (tmp_path / "gt.txt").write_text(ids)
+    if synsets is not None:
+        (tmp_path / "synsets.txt").write_text(synsets)
+    proc = script(
+        "prepare_imagenet_val.py", val, "--labels", tmp_path / "gt.txt", "--synsets", tmp_path / "synsets.txt", check=False
+    )
+    assert proc.returncode == 1 and message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert sorted(p.name for p in val.iterdir()) == [f"ILSVRC2012_val_{i:08d}.JPEG" for i in range(1, 5)]
+
+
+def test_prepare_imagenet_val_refuses_a_csv_row_without_a_class(tmp_path):
+    val = tmp_path / "val"
+    val.mkdir()
+    Image.new("RGB", (8, 8)).save(val / "ILSVRC2012_val_00000001.JPEG")
+    (tmp_path / "sol.csv").write_text("ImageId,PredictionString\nILSVRC2012_val_00000001,\n")
+    proc = script("prepare_imagenet_val.py", val, "--labels", tmp_path / "sol.csv", check=False)
+    assert proc.returncode == 1 and "line 2 (ILSVRC2012_val_00000001) has no class" in proc.stderr, proc.stderr
+
+
 def test_benchmark_cpu_smoke(sample_root, tmp_path, capfd):
     """The benchmark's tiny CPU mode: dali_cpu and synthetic batches, a few steps, all outputs."""
     out = tmp_path / "bench"
