@@ -6,8 +6,8 @@
 DST/train/<class>/ and DST/val/<class>/ get symbolic links to SRC/train/<class>/ files: a seeded
 `fraction` of each class goes to DST/val, the rest to DST/train. SRC/val is never read. Train on
 DST with `data.root=DST`, pick the settings, then run them once on SRC. Files are listed as
-train.py lists them; names that lead to one file (a link farm's copies) stay on one side, so no
-held-out image is also trained on.
+train.py lists them; names that lead to one file (a link farm's symbolic or hard links) stay on one
+side, so no held-out image is also trained on.
 """
 
 from __future__ import annotations
@@ -50,9 +50,13 @@ def main(argv: list[str] | None = None) -> int:
         sys.exit(f"error: {train}: no class folders (expected SRC/train/<class>/)")
     plan = {}  # checked for every class before any link is made
     for cls in classes:
-        names_of: dict[str, list[str]] = {}  # a distinct file -> its names in the class folder
+        names_of: dict[str, list[str]] = {}  # a distinct file (the realpath of its first name) -> its names
+        first_of: dict[tuple[int, int], str] = {}  # (device, inode): hard links are one file too, not only symlinks
         for name in list_images(train / cls)[0]:
-            names_of.setdefault(os.path.realpath(train / cls / name), []).append(name)
+            path = train / cls / name
+            info = os.stat(path)
+            target = first_of.setdefault((info.st_dev, info.st_ino), os.path.realpath(path))
+            names_of.setdefault(target, []).append(name)
         if len(names_of) < 2:
             sys.exit(f"error: {train / cls}: {len(names_of)} distinct image(s); holding one out needs 2 or more")
         kept, held_out = split_class(list(names_of), args.fraction, rng)

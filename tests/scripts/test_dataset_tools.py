@@ -299,6 +299,23 @@ def test_split_holdout_keeps_link_copies_together_and_lists_as_train_py_does(tmp
     assert single.returncode != 0 and "n00000001: 1 distinct image(s)" in single.stderr and not (tmp_path / "h2").exists()
 
 
+def test_split_holdout_keeps_hard_links_of_one_file_on_one_side(tmp_path, capfd):
+    """`cp -al` or a dedup tool makes names of one file that realpath tells apart: grouped by inode."""
+    src = tmp_path / "hl"
+    for cls in ("a", "b"):
+        folder = src / "train" / cls
+        folder.mkdir(parents=True)
+        for i in range(4):
+            Image.new("RGB", (8, 8), (i * 60, 0, 0)).save(folder / f"{i}.JPEG")
+            for copy in (1, 2):
+                os.link(folder / f"{i}.JPEG", folder / f"{i}_copy{copy}.JPEG")
+    dst = tmp_path / "holdout"
+    run_script("scripts/split_holdout.py", src, dst, "--fraction", "0.25", capfd=capfd)
+    inodes = {side: {p.stat().st_ino for p in dst.glob(f"{side}/*/*")} for side in ("train", "val")}
+    assert len(inodes["train"]) == 6 and len(inodes["val"]) == 2 and not inodes["train"] & inodes["val"]
+    assert len(list(dst.glob("val/*/*"))) == 6  # every name of a held-out file, and no other
+
+
 def test_make_synthetic_imagenet_links_make_long_epochs(tmp_path, capfd):
     out = tmp_path / "farm"
     proc = run_script("scripts/make_synthetic_imagenet.py", "--out", out, "--classes", 2, "--train-per-class", 3,
