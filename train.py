@@ -188,6 +188,8 @@ def train(cfg: DictConfig, dist: DistInfo, run_dir: Path, writer: MetricsWriter,
         log.info("trainer.resume=auto: no %s yet, so training starts at epoch 0", checkpointer.path("last.pt"))
     if not tc.eval_only:  # an evaluation in the training run's dir leaves its logs alone
         writer.drop_after(start_epoch, parts.global_step, start_step)  # rows logged after the checkpoint: redone now
+        if resume and state.wall_time_s is not None:
+            writer.earlier_jobs_s = state.wall_time_s  # the run's time at the save: a mid-epoch one's part epoch too
     summary["best_val_top1"] = best_top1
     fit = Fit(parts, loaders, checkpointer, writer, stop, tc, c.loader.name, summary, best_top1=best_top1)
     return fit.run(start_epoch, start_step)

@@ -45,6 +45,7 @@ class Resumed:
     next_step: int  # loader step within next_epoch; > 0 for a mid-epoch checkpoint
     global_step: int  # the schedule position the run continues at
     best_top1: float
+    wall_time_s: float | None  # the run's time at the save (None: a checkpoint from before 2026-12-02)
 
 
 def rng_state() -> dict[str, Any]:
@@ -156,7 +157,9 @@ class Checkpointer:
             return str(last) if last.is_file() else None
         return resume
 
-    def save(self, name: str, parts, *, next_epoch: int, next_step: int, best_top1: float) -> None:
+    def save(
+        self, name: str, parts, *, next_epoch: int, next_step: int, best_top1: float, wall_time_s: float = 0.0
+    ) -> None:
         """The training state (engine.TrainParts) to checkpoints/`name`, written by rank 0; all ranks wait.
 
         Every rank's RNG state is gathered, so a multi-process resume continues each rank's streams.
@@ -179,6 +182,7 @@ class Checkpointer:
                 "next_epoch": next_epoch,  # where a resume continues
                 "next_step": next_step,  # > 0 for a mid-epoch checkpoint
                 "best_top1": best_top1,
+                "wall_time_s": wall_time_s,  # a resume's clock goes on from here, a mid-epoch save's too
                 "rng": rng,  # one entry per rank
             }
             self._write(self.path(name), state)
@@ -226,7 +230,7 @@ class Checkpointer:
         next_epoch, next_step = state["next_epoch"], state["next_step"]
         global_step = state["global_step"]
         if eval_only:  # the weights only: no optimizer state, schedule position or RNG streams to continue
-            return Resumed(path, next_epoch, next_step, global_step, state["best_top1"])
+            return Resumed(path, next_epoch, next_step, global_step, state["best_top1"], state.get("wall_time_s"))
         load_optimizer(parts.optimizer, state["optimizer"], path)
         if parts.scaler is not None and state["scaler"] is not None:
             parts.scaler.load_state_dict(state["scaler"])
@@ -252,4 +256,4 @@ class Checkpointer:
                 len(rngs),
                 self.dist.world_size,
             )
-        return Resumed(path, next_epoch, next_step, global_step, state["best_top1"])
+        return Resumed(path, next_epoch, next_step, global_step, state["best_top1"], state.get("wall_time_s"))

@@ -65,7 +65,9 @@ class Fit:
                 f"{name} keeps update {self.saved_at}; lower optimizer.lr or set trainer.clip_grad_norm",
                 p.global_step,
             )
-        self.checkpointer.save(name, p, next_epoch=epoch, next_step=step, best_top1=self.best_top1)
+        self.checkpointer.save(
+            name, p, next_epoch=epoch, next_step=step, best_top1=self.best_top1, wall_time_s=self.writer.run_time_s()
+        )
         self.saved_at = p.global_step
 
     def validate(self) -> dict:

@@ -83,11 +83,16 @@ class MetricsWriter:
             self._steps.write(json.dumps(where | values) + "\n")
             self._steps.flush()  # a killed run keeps every interval it logged
 
+    def run_time_s(self) -> float:
+        """Seconds since the run started, over all its jobs (as metrics.jsonl's wall_time_s)."""
+        return self.earlier_jobs_s + time.perf_counter() - self.started
+
     def drop_after(self, next_epoch: int, global_step: int, next_step: int = 0) -> None:
         """On resume in the same run dir: drop the rows of work after the checkpoint (a kill between
         a log row and last.pt), which the resumed run logs again, and a line cut short by a kill or a
         full disk; TensorBoard hides its points after the checkpoint too. wall_time_s then goes on
-        from the last kept epoch's (the time between jobs, and work redone after a mid-epoch save, aside).
+        from the last kept epoch's; train.py sets it to the checkpoint's own time where that is saved
+        (so the part of an epoch before a mid-epoch save counts; the time between jobs does not).
         Rows are matched by epoch first: a resume with another batch size renumbers the updates; then
         by loader step (`next_step` done in `next_epoch`), as rows logged inside one update's
         accumulation share its number; rows without one (older runs) by update."""
@@ -159,7 +164,7 @@ class MetricsWriter:
                 "data_wait_frac": stats.data_wait_frac,
                 "lr": lr,
                 "next_epoch_wait_s": next_wait_s,
-                "wall_time_s": self.earlier_jobs_s + time.perf_counter() - self.started,  # since the run started
+                "wall_time_s": self.run_time_s(),  # since the run started
             }
         )
         points = {"train/epoch_loss": stats.loss}

@@ -201,8 +201,14 @@ def test_sigterm_finishes_the_step_saves_last_pt_and_exits(small_root, tmp_path)
     ended = run_inprocess(capped, tmp_path / "b", check=False)
     assert_one_line_ending(ended, f"step {state['next_step']}", "at most 2 steps", "trainer.max_steps_per_epoch")
 
+    stopped_s = json.loads((run / "summary.json").read_text())["wall_time_s"]
+    assert 0 < state["wall_time_s"] <= stopped_s  # the run's time at the save
     resumed = run_inprocess([*common, "trainer.epochs=1", "trainer.resume=auto"], run)
     assert f"at epoch 0 step {state['next_step']}" in resumed.log
+    # the run's clock goes on from the save: the part epoch before it counts (it went on from 0 here)
+    assert resumed.summary["wall_time_s"] == pytest.approx(state["wall_time_s"] + resumed.summary["job_wall_time_s"])
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert rows[0]["wall_time_s"] > state["wall_time_s"]
 
 
 @pytest.mark.slow
