@@ -44,6 +44,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from dali_train.config import COMPILE_MODES, Config, composition_error_line, load_config, register_configs
 from dali_train.data import build_loaders
+from dali_train.data.folder import list_classes
 from dali_train.device import amp_dtype_for, configure_backends, select_device, set_cuda_max_connections
 from dali_train.distributed import init_distributed, shutdown
 from dali_train.engine import TrainParts, train_step
@@ -276,7 +277,15 @@ def bench_training(cfg, dist, device, parts, loaders, args, loader_key: str) -> 
 def loader_cfg(args, overrides: list[str], name: str):
     """The config of loader `name`: a conf/loader group, or a --variant built on one."""
     base, extra = args.variants.get(name, (name, []))
-    return make_cfg([*overrides, f"loader={base}", *args.loader_overrides.get(base, []), *extra])
+    own = args.loader_overrides.get(name, []) if name != base else []  # --loader-set VARIANT:K=V, after its own
+    return make_cfg([*overrides, f"loader={base}", *args.loader_overrides.get(base, []), *extra, *own])
+
+
+def dataset_classes(cfg) -> int | None:
+    """The class folders of a config's train split, where they are on disk already (not the sample
+    set, made on first use: its few classes fit the synthetic default)."""
+    train = Path(cfg.data.root) / "train"
+    return len(list_classes(train)) if train.is_dir() else None
 
 
 def say(dist, line: str) -> None:
@@ -307,12 +316,17 @@ def run(args, dist, device) -> list[dict]:
         common = [*args.overrides, f"model.name={model}", *compile_overrides(compile_)]
         loaders_by_name = {}
         if "model" in args.modes:
-            loaders_by_name["synthetic"] = make_cfg(
-                [*common, "loader=synthetic", f"loader.synthetic_steps={synthetic_steps}"]
-            )
+            loaders_by_name["synthetic"] = None  # measured first; its label range is the dataset's, below
         if "e2e" in args.modes:
             for name in args.loaders:
                 loaders_by_name[name] = loader_cfg(args, common, name)
+        if "model" in args.modes:
+            # The model is built on the first loader's class count: the synthetic labels must fit the dataset's head
+            classes = next((dataset_classes(c) for c in loaders_by_name.values() if c is not None), None)
+            loaders_by_name["synthetic"] = make_cfg(
+                [*common, "loader=synthetic", f"loader.synthetic_steps={synthetic_steps}"]
+                + ([f"loader.synthetic_num_classes={classes}"] if classes else [])
+            )
         parts = None
         for name, cfg in loaders_by_name.items():
             loaders = make_loaders(cfg, dist, device, half)
@@ -333,6 +347,7 @@ def tune(args, dist, device) -> list[dict]:
     one model serves all points, so they differ only in the loader."""
     model, compile_ = args.models[0], args.compile[0]
     common = [*args.overrides, f"model.name={model}", *compile_overrides(compile_), "loader=dali"]
+    common += args.loader_overrides.get("dali", [])  # --loader-set dali:K=V holds beside the grid's keys
     half = amp_dtype_for(make_cfg(common).trainer.amp, device) is not None
     keys = list(args.grid)
     rows, parts = [], None

@@ -125,6 +125,11 @@ def test_malformed_variant_is_refused(capfd):
         (["--warmup", "0"], "--warmup 0: must be at least 1"),  # the first window would time the pipeline build
         (["--tune", "--grid", "loader.name=dali,dali_cpu"], "loader.name changes what a run is"),  # then the default
         (["--modes", "model", "--", "trainer.device=cpu", "loader.batchsize=3"], "loader.batchsize: Key 'batchsize'"),
+        # --loader-set of a variant, and of dali under --tune, reach the config (both were dropped unread)
+        (["--modes", "loader", "--loaders", "v", "--variant", "v=dali_cpu:loader.num_threads=1",
+          "--loader-set", "v:loader.bogus_key=1", "--", "trainer.device=cpu"], "loader.bogus_key: Key 'bogus_key'"),
+        (["--tune", "--grid", "loader.num_threads=1,2", "--loader-set", "dali:loader.bogus_key=1", "--",
+          "trainer.device=cpu"], "loader.bogus_key: Key 'bogus_key'"),
     ],
 )
 def test_bad_input_is_one_line(argv, message, capfd):
@@ -187,3 +192,20 @@ def test_tune_measures_the_grid_end_to_end_and_merges_the_best(sample_root, tmp_
     assert written == {"exec_dynamic": False, "num_threads": best["loader.num_threads"], "prefetch_queue_depth": 2}
     assert local.read_text().startswith("# loader=dali: fastest") and "written to" in proc.stdout
     assert "| tune | test_resnet | off | num_threads=1 prefetch_queue_depth=2 |" in proc.stdout
+
+
+def test_model_only_labels_fit_a_dataset_of_more_than_1000_classes(tmp_path, capfd):
+    """The model, shared by both modes, is built on the synthetic loader's class count: 1000 made the
+    labels of a 1200-class dataset out of range for e2e (an IndexError, a device assert on a GPU;
+    here 32 images of which ~1/6 have such labels)."""
+    data = tmp_path / "c1200"
+    run_script("scripts/make_synthetic_imagenet.py", "--out", data, "--classes", 1200, "--train-per-class", 1,
+               "--val-per-class", 1, "--width", 16, "--height", 16, "--noise", 1, "--workers", 1, capfd=capfd)  # fmt: skip
+    proc = benchmark(
+        ["--modes", "model", "e2e", "--models", "test_resnet", "--loaders", "dali_cpu", *THREADS, "--steps", 1,
+         "--warmup", 1, "--repeats", 1, "--out", tmp_path / "out", "--", "trainer.device=cpu", "data=imagenet",
+         f"data.root={data}", "data.train_size=16", "data.val_resize=16", "data.val_size=16", "loader.batch_size=16",
+         "data.verify_files=false"],
+        capfd,
+    )  # fmt: skip
+    assert "e2e dali_cpu ÷ model-only, test_resnet compile=off" in proc.stdout, proc.stdout[-2000:]
