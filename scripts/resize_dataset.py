@@ -18,10 +18,20 @@ import sys
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
+import numpy as np
 from PIL import Image
 from tqdm import tqdm
 
 EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp")
+
+
+def as_rgb(im: Image.Image) -> Image.Image:
+    """8-bit RGB. A 16-bit grayscale image (PNG, TIFF: PIL's modes I;16 and I) is scaled to 8 bits as
+    decoders do; PIL's convert would clip it at 255 (a gradient came out white)."""
+    if im.mode in ("I", "I;16", "I;16B", "I;16L", "I;16N"):
+        levels = np.asarray(im).astype(np.float64) / 257
+        im = Image.fromarray(levels.clip(0, 255).round().astype(np.uint8))  # mode L
+    return im.convert("RGB")
 
 
 def resize_one(job: tuple[str, str, int, int]) -> str | None:
@@ -37,7 +47,7 @@ def resize_one(job: tuple[str, str, int, int]) -> str | None:
                 im.load()  # decodes (a bad file is reported); small enough: its bytes, no second JPEG loss
                 shutil.copyfile(src, tmp)
             else:
-                im = im.convert("RGB")
+                im = as_rgb(im)
                 if max(im.size) > max_side:
                     scale = max_side / max(im.size)
                     im = im.resize((max(1, round(im.width * scale)), max(1, round(im.height * scale))), Image.LANCZOS)
@@ -57,6 +67,10 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=os.cpu_count(), help="processes (default: all cores)")
     args = ap.parse_args()
     src, dst = Path(args.src), Path(args.dst)
+    for flag, value, low, high in (("--max-side", args.max_side, 1, None), ("--quality", args.quality, 1, 100),
+                                   ("--workers", args.workers, 1, None)):  # fmt: skip
+        if value < low or (high is not None and value > high):
+            sys.exit(f"error: {flag} {value}: must be {low} or more" + (f" and {high} or less" if high else ""))
     if not src.is_dir():
         sys.exit(f"error: {src}: no such folder")
     if dst.resolve() == src.resolve() or src.resolve() in dst.resolve().parents or dst.resolve() in src.resolve().parents:

@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from PIL import Image
 
@@ -157,6 +158,33 @@ def test_resize_dataset_keeps_layout_and_caps_the_side(tmp_path):
     assert "0 images written" in again and "4 already there, kept as they are" in again, again
     same = script("resize_dataset.py", src, src / "train", "--max-side", 64, check=False)
     assert same.returncode == 1 and "must be a folder outside" in same.stderr, same.stderr
+
+
+def test_resize_dataset_scales_16_bit_grayscale_to_8_bits(tmp_path):
+    """PIL's convert("RGB") clips a 16-bit image at 255: a gradient over the 16-bit range came out
+    white (mean 254.5), where DALI decodes it to its 8-bit levels (mean 127.5)."""
+    src = tmp_path / "src" / "train" / "c"
+    src.mkdir(parents=True)
+    gradient = np.tile(np.linspace(0, 65535, 64).astype(np.uint16), (32, 1))
+    Image.fromarray(gradient).save(src / "deep.png")
+    script("resize_dataset.py", tmp_path / "src", tmp_path / "dst", "--max-side", 64, "--workers", 1)
+    with Image.open(tmp_path / "dst" / "train" / "c" / "deep.png") as im:
+        assert im.format == "JPEG" and im.mode == "RGB"
+        assert np.asarray(im).mean() == pytest.approx(127.5, abs=2)
+
+
+@pytest.mark.parametrize(
+    "flag, value, message",
+    [("--max-side", 0, "--max-side 0: must be 1 or more"), ("--workers", 0, "--workers 0: must be 1 or more"),
+     ("--quality", 101, "--quality 101: must be 1 or more and 100 or less")],
+)  # fmt: skip
+def test_resize_dataset_refuses_a_setting_that_would_write_wrong_images(tmp_path, flag, value, message):
+    """--max-side 0 or below wrote every image as 1x1 px and reported success; --workers 0 was a traceback."""
+    src = tmp_path / "src" / "train" / "c"
+    src.mkdir(parents=True)
+    Image.new("RGB", (8, 8)).save(src / "x.JPEG")
+    proc = script("resize_dataset.py", tmp_path / "src", tmp_path / "dst", flag, value, check=False)
+    assert proc.returncode == 1 and proc.stderr.strip() == f"error: {message}" and not (tmp_path / "dst").exists()
 
 
 def test_prepare_imagenet_val_from_csv_and_from_devkit_ids(tmp_path):
