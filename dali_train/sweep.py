@@ -30,13 +30,22 @@ COLUMNS = [
 ]  # fmt: skip
 
 
+NO_SUMMARY = "no summary.json (killed?)"  # the end_state of a job that left none
+
+
 def collect(multirun_dir: Path) -> list[dict[str, Any]]:
-    """One row per finished job; `overrides` lists what differs between jobs (the swept values)."""
+    """One row per job; `overrides` lists what differs between jobs (the swept values). A job with
+    a config record but no summary.json (killed by SIGKILL or the OOM killer) is listed as such."""
     jobs = []
-    for summary in sorted(multirun_dir.glob("*/summary.json")):
-        overrides_file = summary.parent / ".hydra" / "overrides.yaml"
+    job_dirs = {p.parent for p in multirun_dir.glob("*/summary.json")} | {
+        p.parent.parent for p in multirun_dir.glob("*/.hydra/overrides.yaml")
+    }
+    for job_dir in sorted(job_dirs):
+        overrides_file = job_dir / ".hydra" / "overrides.yaml"
         overrides = (yaml.safe_load(overrides_file.read_text()) if overrides_file.is_file() else None) or []
-        jobs.append((summary.parent.name, overrides, json.loads(summary.read_text())))
+        summary = job_dir / "summary.json"
+        ended = json.loads(summary.read_text()) if summary.is_file() else {"end_state": NO_SUMMARY}
+        jobs.append((job_dir.name, overrides, ended))
     common = set.intersection(*(set(o) for _, o, _ in jobs)) if len(jobs) > 1 else set()
     rows = [
         {
@@ -54,7 +63,9 @@ def collect(multirun_dir: Path) -> list[dict[str, Any]]:
 
 def by_setting(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Jobs grouped by their swept overrides other than `seed=`: the final val top-1 of each seed,
-    mean and std, best mean first. Empty unless the sweep varied the seed."""
+    mean and std of the completed ones. Settings whose every seed completed come first, best mean
+    first: a mean over the one seed that did not diverge is no match for one over all of them.
+    Empty unless the sweep varied the seed."""
     if len({r["_seed"] for r in rows}) < 2:
         return []
     groups: dict[str, list[dict[str, Any]]] = {}
@@ -72,9 +83,13 @@ def by_setting(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "end_states": [r["end_state"] for r in jobs],
                 "mean": statistics.mean(top1) if top1 else None,
                 "std": statistics.stdev(top1) if len(top1) > 1 else None,
+                "completed": len(top1),
             }
         )
-    return sorted(settings, key=lambda g: -(g["mean"] if g["mean"] is not None else float("-inf")))
+    return sorted(
+        settings,
+        key=lambda g: (g["completed"] < len(g["seeds"]), -(g["mean"] if g["mean"] is not None else float("-inf"))),
+    )
 
 
 def write_sweep_summary(multirun_dir: str | Path) -> list[dict[str, Any]]:
@@ -94,6 +109,9 @@ def write_sweep_summary(multirun_dir: str | Path) -> list[dict[str, Any]]:
             fmt(v) + ("" if state == "completed" else f" ({state})") for v, state in zip(g["val_top1"], g["end_states"], strict=True)
         )
 
+    def of_seeds(g: dict[str, Any]) -> str:  # a mean over fewer seeds than the setting ran says so
+        return "" if g["completed"] == len(g["seeds"]) else f" ({g['completed']} of {len(g['seeds'])})"
+
     lines = [
         f"# Sweep {root}",
         "",
@@ -107,14 +125,15 @@ def write_sweep_summary(multirun_dir: str | Path) -> list[dict[str, Any]]:
     if settings:
         lines += [
             "",
-            "## By setting, over seeds (final val top-1), best mean first (of completed jobs only)",
+            "## By setting, over seeds (final val top-1): settings with every seed completed first, best mean first "
+            "(a mean is of completed jobs only)",
             "",
             "| setting | seeds | val_top1 per seed | mean | std |",
             "|---|---|---|---|---|",
         ]
         lines += [
             f"| {g['setting']} | {' '.join(map(str, g['seeds']))} | {per_seed(g)} "
-            f"| {fmt(g['mean'])} | {fmt(g['std'])} |"
+            f"| {fmt(g['mean'])}{of_seeds(g)} | {fmt(g['std'])} |"
             for g in settings
         ]
     (root / "sweep_summary.md").write_text("\n".join(lines) + "\n")
@@ -127,7 +146,7 @@ class SweepSummaryCallback(Callback):
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         rows = write_sweep_summary(config.hydra.sweep.dir)
         settings = by_setting(rows)
-        if settings and settings[0]["mean"] is not None:
+        if settings and settings[0]["mean"] is not None and settings[0]["completed"] == len(settings[0]["seeds"]):
             log.info(
                 "sweep summary: %s/sweep_summary.md (best mean over seeds: %s -> %.2f)",
                 config.hydra.sweep.dir,
