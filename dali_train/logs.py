@@ -25,6 +25,22 @@ class LineFormatter(logging.Formatter):
         return super().format(record).encode("utf-8", "backslashreplace").decode("utf-8")
 
 
+def json_text(record: dict[str, Any], indent: int | None = None) -> str:
+    """JSON with NaN/inf as null: json.dumps writes them as bare NaN/Infinity, which is not JSON (a
+    skipped non-finite loss, or best top-1 -inf before any validation, broke strict readers)."""
+
+    def finite(v: Any) -> Any:
+        if isinstance(v, float) and not math.isfinite(v):
+            return None
+        if isinstance(v, dict):
+            return {k: finite(x) for k, x in v.items()}
+        if isinstance(v, list | tuple):
+            return [finite(x) for x in v]
+        return v
+
+    return json.dumps(finite(record), indent=indent, allow_nan=False)
+
+
 def setup_logging(dist: DistInfo, run_dir: Path | None) -> None:
     """Rank 0: INFO to the console and to run_dir/train.log; others: WARNING+, prefixed."""
     root = logging.getLogger()
@@ -80,7 +96,7 @@ class MetricsWriter:
             if self._steps is None:
                 self._steps = open(self.run_dir / "steps.jsonl", "a")
             where = {"epoch": epoch, "step": global_step} | ({"batch": batch} if batch is not None else {})
-            self._steps.write(json.dumps(where | values) + "\n")
+            self._steps.write(json_text(where | values) + "\n")
             self._steps.flush()  # a killed run keeps every interval it logged
 
     def run_time_s(self) -> float:
@@ -134,7 +150,7 @@ class MetricsWriter:
     def epoch(self, record: dict[str, Any]) -> None:
         if self.enabled:
             with open(self.run_dir / "metrics.jsonl", "a") as f:
-                f.write(json.dumps(record) + "\n")
+                f.write(json_text(record) + "\n")
             if self._writer is not None:
                 self._writer.flush()
 
@@ -187,7 +203,7 @@ class MetricsWriter:
     def summary(self, record: dict[str, Any]) -> None:
         if self.enabled:
             tmp = self.run_dir / f".{self.summary_name}.tmp"
-            tmp.write_text(json.dumps(record, indent=2) + "\n")
+            tmp.write_text(json_text(record, indent=2) + "\n")
             tmp.replace(self.run_dir / self.summary_name)
 
     def close(self) -> None:

@@ -99,3 +99,20 @@ def test_a_file_name_that_is_not_utf8_is_logged_escaped(tmp_path):
         for h in saved:
             if h not in root.handlers:
                 root.addHandler(h)
+
+
+def test_nan_and_inf_are_written_as_null_so_every_line_is_json(tmp_path):
+    """A skipped non-finite loss (trainer.max_nonfinite_skips) and best top-1 -inf before any
+    validation were written as bare NaN/-Infinity, which strict JSON readers refuse."""
+
+    def strict(text: str):
+        return json.loads(text, parse_constant=lambda name: (_ for _ in ()).throw(ValueError(name)))
+
+    writer = MetricsWriter(tmp_path, True)
+    writer.step({"train/loss": float("nan"), "train/lr": 0.1}, global_step=1, epoch=0, batch=1)
+    writer.epoch({"epoch": 0, "train_loss": float("inf"), "val_top1": None})
+    writer.summary({"best_val_top1": float("-inf"), "per_rank": [1.0, float("nan")]})
+    writer.close()
+    assert strict((tmp_path / "steps.jsonl").read_text())["train/loss"] is None
+    assert strict((tmp_path / "metrics.jsonl").read_text())["train_loss"] is None
+    assert strict((tmp_path / "summary.json").read_text()) == {"best_val_top1": None, "per_rank": [1.0, None]}
