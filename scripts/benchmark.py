@@ -552,6 +552,16 @@ def parse_args(argv: list[str]):
             ap.error(f"--grid {item}: a throughput knob of loader=dali only; {key} changes what a run is")
         grid[key] = [yaml.safe_load(v) for v in values.split(",")]  # "8" -> 8: numbers in the written file
     args.grid = grid
+    # Paths written after minutes of measuring: checked now, so that no result is lost to them then
+    if Path(args.out).exists() and not Path(args.out).is_dir():
+        ap.error(f"--out {args.out}: a file; results go in a folder")
+    if args.tune and args.local.is_dir():
+        ap.error(f"--local {args.local}: a folder; --tune merges its best into a YAML file")
+    if args.tune and args.local.is_file():
+        try:
+            OmegaConf.load(args.local)
+        except Exception as e:  # noqa: BLE001 - any YAML error: the file would not merge
+            ap.error(f"--local {args.local}: not YAML the best can merge into ({type(e).__name__})")
     return args
 
 
@@ -582,8 +592,10 @@ def _main(args) -> None:
         return
     local = local_loader_files()
     notes = ratios(rows) + [f"{name} applies: {' '.join(text.split())}" for name, text in local.items()]
-    notes += [write_best(rows, args.local)] if args.tune else []
-    write_outputs(rows, notes, Path(args.out), args, world_size=dist.world_size)
+    write_outputs(rows, notes, Path(args.out), args, world_size=dist.world_size)  # first: nothing measured is lost
+    if args.tune:
+        best = write_best(rows, args.local)
+        write_outputs(rows, [*notes, best], Path(args.out), args, world_size=dist.world_size)
     print((Path(args.out) / "results.md").read_text())
 
 

@@ -130,6 +130,9 @@ def test_malformed_variant_is_refused(capfd):
           "--loader-set", "v:loader.bogus_key=1", "--", "trainer.device=cpu"], "loader.bogus_key: Key 'bogus_key'"),
         (["--tune", "--grid", "loader.num_threads=1,2", "--loader-set", "dali:loader.bogus_key=1", "--",
           "trainer.device=cpu"], "loader.bogus_key: Key 'bogus_key'"),
+        # paths that failed only after the measuring, losing its results
+        (["--out", REPO / "README.md"], "README.md: a file; results go in a folder"),
+        (["--tune", "--grid", "loader.num_threads=1,2", "--local", REPO / "conf"], "conf: a folder; --tune merges"),
     ],
 )
 def test_bad_input_is_one_line(argv, message, capfd):
@@ -209,3 +212,10 @@ def test_model_only_labels_fit_a_dataset_of_more_than_1000_classes(tmp_path, cap
         capfd,
     )  # fmt: skip
     assert "e2e dali_cpu ÷ model-only, test_resnet compile=off" in proc.stdout, proc.stdout[-2000:]
+
+
+def test_a_local_file_tune_could_not_merge_into_is_refused_before_measuring(tmp_path, capfd):
+    local = tmp_path / "dali.yaml"
+    local.write_text("num_threads: [4\n")
+    proc = benchmark(["--tune", "--grid", "loader.num_threads=1,2", "--local", local], capfd, check=False)
+    assert proc.returncode == 2 and f"--local {local}: not YAML the best can merge into" in proc.stderr, proc.stderr
