@@ -19,6 +19,7 @@ from pathlib import Path
 
 from hydra import compose, initialize_config_dir
 
+from dali_train.cli import above, at_least
 from dali_train.config import register_configs
 from dali_train.data import progressive_size
 
@@ -41,11 +42,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("recipes", nargs="+", help="names in conf/experiment/")
     ap.add_argument("--benchmark", type=Path, help="results.json of scripts/benchmark.py (one GPU, 224 px)")
-    ap.add_argument("--img-s", type=float, help="one-GPU training img/s at --res instead of --benchmark")
-    ap.add_argument("--res", type=int, default=224, help="crop size the img/s was measured at")
-    ap.add_argument("--gpus", type=int, nargs="+", default=[1, 8])
-    ap.add_argument("--scaling", type=float, default=0.9, help="multi-GPU efficiency (measured 2-GPU value)")
-    ap.add_argument("--train-images", type=int, help=f"per epoch (default: {IMAGENET_TRAIN:,} for data=imagenet recipes)")
+    ap.add_argument("--img-s", type=above(0), help="one-GPU training img/s at --res instead of --benchmark")
+    ap.add_argument("--res", type=at_least(1), default=224, help="crop size the img/s was measured at")
+    ap.add_argument("--gpus", type=at_least(1), nargs="+", default=[1, 8])
+    ap.add_argument("--scaling", type=above(0), default=0.9, help="multi-GPU efficiency (measured 2-GPU value)")
+    ap.add_argument("--train-images", type=at_least(1), help=f"per epoch (default: {IMAGENET_TRAIN:,} for data=imagenet recipes)")
     args = ap.parse_args()
     if not (args.benchmark or args.img_s):
         sys.exit("error: give --benchmark results.json or --img-s")

@@ -18,32 +18,30 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from dali_train.cli import at_least
 from dali_train.data.sample import link_copies, make_image_folder
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, help="output folder (must not exist)")
-    ap.add_argument("--classes", type=int, default=100, help="number of classes (default 100)")
-    ap.add_argument("--train-per-class", type=int, default=100, help="train images per class")
-    ap.add_argument("--val-per-class", type=int, default=20, help="val images per class")
-    ap.add_argument("--width", type=int, default=500, help="image width, px (default 500)")
-    ap.add_argument("--height", type=int, default=375, help="image height, px (default 375)")
-    ap.add_argument("--quality", type=int, default=90, help="JPEG quality (default 90)")
+    ap.add_argument("--classes", type=at_least(1), default=100, help="number of classes (default 100)")
+    ap.add_argument("--train-per-class", type=at_least(1), default=100, help="train images per class")
+    ap.add_argument("--val-per-class", type=at_least(1), default=20, help="val images per class")
+    ap.add_argument("--width", type=at_least(1), default=500, help="image width, px (default 500)")
+    ap.add_argument("--height", type=at_least(1), default=375, help="image height, px (default 375)")
+    ap.add_argument("--quality", type=at_least(1, high=100), default=90, help="JPEG quality (default 90)")
     ap.add_argument(
-        "--noise", type=float, default=36.0, help="pixel noise std; sets file size (36 -> ~110 KB at 500x375)"
+        "--noise", type=at_least(0, float), default=36.0, help="pixel noise std; sets file size (36 -> ~110 KB at 500x375)"
     )
     ap.add_argument(
-        "--links", type=int, default=1, help="entries per train JPEG: N-1 symlinks beside each (default 1: none)"
+        "--links", type=at_least(1), default=1, help="entries per train JPEG: N-1 symlinks beside each (default 1: none)"
     )
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--workers", type=int, default=os.cpu_count(), help="processes (default: all cores)")
+    ap.add_argument("--workers", type=at_least(1), default=os.cpu_count(), help="processes (default: all cores)")
     args = ap.parse_args()
     if Path(args.out).exists():
         sys.exit(f"error: --out {args.out} exists; choose a new folder")
-    for flag, value in (("--links", args.links), ("--classes", args.classes), ("--train-per-class", args.train_per_class)):
-        if value < 1:
-            sys.exit(f"error: {flag} {value}: must be at least 1")
     total = args.classes * (args.train_per_class + args.val_per_class)
     start = time.perf_counter()
     with tqdm(total=total, unit="img", disable=None) as bar:

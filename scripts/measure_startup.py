@@ -32,6 +32,7 @@ from pathlib import Path
 
 from hydra import compose, initialize_config_dir
 
+from dali_train.cli import at_least
 from dali_train.config import load_config, register_configs
 from dali_train.data import NextEpoch, build_loaders
 from dali_train.data.folder import find_bad_files, scan_dataset
@@ -100,14 +101,16 @@ class _Sleeper:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--root", required=True, help="the link farm (made if it has no val/; kept for reruns)")
-    ap.add_argument("--entries", type=int, default=1_280_000, help="train entries (default 1,280,000)")
-    ap.add_argument("--classes", type=int, default=1000)
-    ap.add_argument("--jpegs-per-class", type=int, default=4, help="real train JPEGs per class (the rest are links)")
-    ap.add_argument("--workers", type=int, default=8, help="processes that write the JPEGs")
+    ap.add_argument("--entries", type=at_least(1), default=1_280_000, help="train entries (default 1,280,000)")
+    ap.add_argument("--classes", type=at_least(1), default=1000)
+    ap.add_argument("--jpegs-per-class", type=at_least(1), default=4, help="real train JPEGs per class (the rest are links)")
+    ap.add_argument("--workers", type=at_least(1), default=8, help="processes that write the JPEGs")
     ap.add_argument("--json", type=Path, help="also write the results here")
     argv = sys.argv[1:]
     cut = argv.index("--") if "--" in argv else len(argv)
     args, overrides = ap.parse_args(argv[:cut]), argv[cut + 1 :]
+    if args.json and not args.json.parent.is_dir():  # checked before the minutes of measuring
+        ap.error(f"--json {args.json}: no folder {args.json.parent}")
     root = Path(args.root)
     if not (root / "val").is_dir():
         t = time.perf_counter()

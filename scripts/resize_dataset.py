@@ -22,6 +22,8 @@ import numpy as np
 from PIL import Image
 from tqdm import tqdm
 
+from dali_train.cli import at_least
+
 EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp")
 
 
@@ -62,15 +64,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("src", help="dataset folder: <split>/<class>/<image>")
     ap.add_argument("dst", help="output folder (same layout)")
-    ap.add_argument("--max-side", type=int, default=160, help="longest side after resizing, px (default 160)")
-    ap.add_argument("--quality", type=int, default=90, help="JPEG quality (default 90)")
-    ap.add_argument("--workers", type=int, default=os.cpu_count(), help="processes (default: all cores)")
+    ap.add_argument("--max-side", type=at_least(1), default=160, help="longest side after resizing, px (default 160)")
+    ap.add_argument("--quality", type=at_least(1, high=100), default=90, help="JPEG quality (default 90)")
+    ap.add_argument("--workers", type=at_least(1), default=os.cpu_count(), help="processes (default: all cores)")
     args = ap.parse_args()
     src, dst = Path(args.src), Path(args.dst)
-    for flag, value, low, high in (("--max-side", args.max_side, 1, None), ("--quality", args.quality, 1, 100),
-                                   ("--workers", args.workers, 1, None)):  # fmt: skip
-        if value < low or (high is not None and value > high):
-            sys.exit(f"error: {flag} {value}: must be {low} or more" + (f" and {high} or less" if high else ""))
     if not src.is_dir():
         sys.exit(f"error: {src}: no such folder")
     if dst.resolve() == src.resolve() or src.resolve() in dst.resolve().parents or dst.resolve() in src.resolve().parents:

@@ -35,6 +35,7 @@ import numpy as np
 from PIL import Image
 from tqdm import tqdm
 
+from dali_train.cli import at_least
 from dali_train.data.folder import list_images, sniff
 
 EXCLUDED_KINDS = {"zero-byte", "unreadable", "truncated", "corrupt-headers", "not-an-image", "undecodable", "corrupt-data"}
@@ -138,7 +139,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("root", help="dataset folder with train/<class>/ and val/<class>/")
     ap.add_argument("--out", default="scan", help="output prefix: OUT.json (report) and OUT_exclude.txt")
-    ap.add_argument("--workers", type=int, default=os.cpu_count(), help="decode processes (default: all cores)")
+    ap.add_argument("--workers", type=at_least(1), default=os.cpu_count(), help="decode processes (default: all cores)")
     args = ap.parse_args()
     root = Path(args.root)
     if not root.is_dir():

@@ -175,8 +175,9 @@ def test_resize_dataset_scales_16_bit_grayscale_to_8_bits(tmp_path):
 
 @pytest.mark.parametrize(
     "flag, value, message",
-    [("--max-side", 0, "--max-side 0: must be 1 or more"), ("--workers", 0, "--workers 0: must be 1 or more"),
-     ("--quality", 101, "--quality 101: must be 1 or more and 100 or less")],
+    [("--max-side", 0, "argument --max-side: 0: must be 1 or more"),
+     ("--workers", 0, "argument --workers: 0: must be 1 or more"),
+     ("--quality", 101, "argument --quality: 101: must be 1 or more and 100 or less")],
 )  # fmt: skip
 def test_resize_dataset_refuses_a_setting_that_would_write_wrong_images(tmp_path, flag, value, message):
     """--max-side 0 or below wrote every image as 1x1 px and reported success; --workers 0 was a traceback."""
@@ -184,7 +185,27 @@ def test_resize_dataset_refuses_a_setting_that_would_write_wrong_images(tmp_path
     src.mkdir(parents=True)
     Image.new("RGB", (8, 8)).save(src / "x.JPEG")
     proc = script("resize_dataset.py", tmp_path / "src", tmp_path / "dst", flag, value, check=False)
-    assert proc.returncode == 1 and proc.stderr.strip() == f"error: {message}" and not (tmp_path / "dst").exists()
+    assert proc.returncode == 2 and proc.stderr.strip().endswith(f"error: {message}") and not (tmp_path / "dst").exists()
+
+
+@pytest.mark.parametrize(
+    "name, argv, message",
+    [
+        ("make_synthetic_imagenet.py", ["--val-per-class", "-3"], "argument --val-per-class: -3: must be 1 or more"),
+        ("estimate_time.py", ["imagenet_rn50_90ep", "--img-s", "1000", "--gpus", "0"], "argument --gpus: 0: must be 1"),
+        ("estimate_time.py", ["imagenet_rn50_90ep", "--img-s", "-3000"], "argument --img-s: -3000: must be above 0"),
+        ("scan_dataset.py", [".", "--workers", "0"], "argument --workers: 0: must be 1 or more"),
+        ("measure_startup.py", ["--root", "FARM", "--json", "/nonexistent/x.json"], "--json /nonexistent/x.json: no folder"),
+    ],
+)
+def test_a_count_out_of_range_is_argparses_error_line_before_any_work(tmp_path, name, argv, message):
+    """Zero or negative counts and sizes were tracebacks (some after minutes of work), empty folders,
+    or negative times and sizes printed as results."""
+    extra = ["--out", tmp_path / "out"] if name == "make_synthetic_imagenet.py" else []
+    argv = [str(tmp_path / "out") if a == "FARM" else a for a in argv]  # where the farm would have been made
+    proc = script(name, *argv, *extra, check=False)
+    assert proc.returncode == 2 and message in proc.stderr.strip().splitlines()[-1], proc.stderr
+    assert "Traceback" not in proc.stderr and not (tmp_path / "out").exists()
 
 
 def test_prepare_imagenet_val_from_csv_and_from_devkit_ids(tmp_path):
