@@ -24,8 +24,17 @@ def time_to(rows: list[dict], mark: float) -> float | None:
 
 
 def read_rows(path: Path) -> list[dict]:
-    """metrics.jsonl's rows; none when the run stopped before its first epoch ended."""
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+    """metrics.jsonl's rows; none when the run stopped before its first epoch ended. A last line cut
+    short (a kill or a full disk while writing it) is left out, as a resume drops it."""
+    lines = [line for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+    rows = []
+    for number, line in enumerate(lines, start=1):
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            if number < len(lines):
+                sys.exit(f"error: {path}: line {number} is not JSON")
+    return rows
 
 
 def _top1(value: float | None) -> str:
