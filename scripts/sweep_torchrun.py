@@ -14,15 +14,17 @@ For sweeps over several nodes use SLURM (hydra/launcher=slurm; see README).
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import itertools
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException
 
+from dali_train.cli import at_least
 from dali_train.sweep import write_sweep_summary
 
 REPO = Path(__file__).resolve().parents[1]
@@ -41,13 +43,19 @@ def expand(overrides: list[str]) -> list[list[str]]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--nproc", type=int, default=1, help="processes (GPUs) per point")
+    ap.add_argument("--nproc", type=at_least(1), default=1, help="processes (GPUs) per point")
     ap.add_argument("--out", default=None, help="sweep folder (default multirun/DATE/TIME)")
     ap.add_argument("--dry-run", action="store_true", help="print the commands only")
     ap.add_argument("overrides", nargs="*", help="Hydra overrides; comma lists are swept")
     args = ap.parse_args()
-    points = expand(args.overrides)
-    out = Path(args.out or f"multirun/{time.strftime('%Y-%m-%d/%H-%M-%S')}")
+    try:
+        points = expand(args.overrides)
+    except HydraException as e:  # an override Hydra cannot parse: its first line, as train.py gives it
+        sys.exit(f"error: the overrides: {str(e).strip().splitlines()[0]}")
+    now = dt.datetime.now()  # with ms and pid, as train.py's run stamp: two sweeps started in one second stay apart
+    out = Path(args.out or f"multirun/{now:%Y-%m-%d/%H-%M-%S}.{now.microsecond // 1000:03d}_{os.getpid()}")
+    if not args.dry_run and out.is_dir() and any(out.iterdir()):  # its summary would count the old jobs too
+        sys.exit(f"error: --out {out}: holds files already; choose a new folder")
     failed = 0
     for n, point in enumerate(points):
         cmd = [

@@ -186,6 +186,23 @@ def test_sweep_torchrun_expands_the_cartesian_product():
     assert "--nproc_per_node=2" in proc.stdout
 
 
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--dry-run", "model.kwargs={a: 1"], "error: the overrides: no viable alternative at input '{a: 1'"),
+        (["--out", "OUT", "optimizer.lr=0.1"], "error: --out OUT: holds files already; choose a new folder"),
+    ],
+)
+def test_sweep_torchrun_refuses_a_bad_override_and_a_used_folder_in_one_line(tmp_path, argv, message):
+    """A malformed override was a parser traceback; a reused --out mixed the old jobs into the summary."""
+    (tmp_path / "used" / "0").mkdir(parents=True)
+    argv = [str(tmp_path / "used") if a == "OUT" else a for a in argv]
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "sweep_torchrun.py"), *argv], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 1 and proc.stderr.strip() == message.replace("OUT", str(tmp_path / "used")), proc.stderr
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
