@@ -18,6 +18,8 @@ they are importable from here too.
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -183,6 +185,18 @@ class TrainerConfig:
         must_be_at_least("trainer.mixup_alpha", self.mixup_alpha, 0)
         must_be_at_least("trainer.cutmix_alpha", self.cutmix_alpha, 0)
         must_be_in("trainer.ema_decay", self.ema_decay, 0, 1)
+        # A setting of a feature that is off is most likely meant to turn it on; a warning, not an
+        # error, so that a sweep over trainer.ema=true,false with one ema_decay still runs.
+        unused = [
+            f"trainer.{key}={getattr(self, key)} (trainer.{switch}=false)"
+            for key, switch in (("compile_mode", "compile"), ("ema_decay", "ema"), ("ema_warmup", "ema"))
+            if not getattr(self, switch) and getattr(self, key) != TRAINER_DEFAULTS[key]
+        ]
+        if unused:
+            logging.getLogger(__name__).warning("not used, the feature being off: %s", "; ".join(unused))
+
+
+TRAINER_DEFAULTS = {f.name: f.default for f in dataclasses.fields(TrainerConfig)}
 
 
 # --- the run ----------------------------------------------------------------------------------

@@ -251,3 +251,20 @@ def test_a_part_that_recipes_share_is_refused_as_a_recipe(tmp_path, capfd):
     assert "+experiment=imagenet_rn50_ffcv_16ep" in lines[0] and "+experiment=imagenet_rn50_ffcv_88ep" in lines[0]
     assert "+experiment=imagenet_rn50_90ep" not in lines[0]
     assert not (tmp_path / "checkpoints").exists()
+
+
+def test_a_setting_of_a_feature_that_is_off_is_a_warning(hydra_conf, caplog):
+    """`trainer.compile_mode=max-autotune` without `trainer.compile=true` (or an EMA decay without the
+    EMA) was ignored without a word; with the feature on, nothing is said."""
+    off = compose("config", overrides=["trainer.compile_mode=max-autotune", "trainer.ema_warmup=true"])
+    with caplog.at_level("WARNING", logger="dali_train.config"):
+        load_config(off)
+    assert caplog.messages == [
+        "not used, the feature being off: trainer.compile_mode=max-autotune (trainer.compile=false); "
+        "trainer.ema_warmup=True (trainer.ema=false)"
+    ]
+    caplog.clear()
+    on = compose("config", overrides=["trainer.compile=true", "trainer.compile_mode=max-autotune", "trainer.ema=true"])
+    with caplog.at_level("WARNING", logger="dali_train.config"):
+        load_config(on)
+    assert caplog.messages == []
