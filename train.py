@@ -18,6 +18,7 @@ import atexit
 import logging
 import math
 import os
+import shutil
 import signal
 import sys
 import time
@@ -31,7 +32,9 @@ from omegaconf import DictConfig, OmegaConf
 from dali_train.checkpoint import Checkpointer, CheckpointMeta
 from dali_train.config import (
     EVAL_RECORD_DIR,
+    REFUSED_RECORD_DIR,
     check_experiment_choice,
+    check_new_run_dir,
     composition_error_line,
     holds_a_run,
     load_config,
@@ -220,12 +223,25 @@ def _end_job(code: int, message: str) -> float:
     return float("nan")
 
 
+def refuse_a_new_run_over_a_run(cfg: DictConfig) -> None:
+    """A new run in a dir that holds a run: a UserError (a failed job in a sweep), its record
+    (.hydra-refused/, kept apart from the run's .hydra/) removed."""
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    try:
+        check_new_run_dir(run_dir, cfg.trainer.eval_only, cfg.trainer.resume)
+    except UserError:
+        if HydraConfig.get().output_subdir == REFUSED_RECORD_DIR:
+            shutil.rmtree(run_dir / REFUSED_RECORD_DIR, ignore_errors=True)
+        raise
+
+
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> float:
     global _task_started
     _task_started = True
     try:
         check_experiment_choice(HydraConfig.get().runtime.choices.get("experiment"))
+        refuse_a_new_run_over_a_run(cfg)
         require_values(cfg)  # before run() logs the resolved config
         return run(cfg)
     except UserError as e:  # before the run dir: no summary

@@ -29,7 +29,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from dali_train.distributed import restart_count
+from dali_train.distributed import read_launch_env
 from dali_train.errors import UserError
 from dali_train.options import (  # the option groups' schemas
     AnnealSchedulerConfig,
@@ -245,23 +245,36 @@ def holds_a_run(run_dir: Path) -> bool:
 
 
 EVAL_RECORD_DIR = ".hydra-eval"  # where an evaluation in a run's dir records its config
+REFUSED_RECORD_DIR = ".hydra-refused"  # where a refused new run's record goes (removed when it is refused)
 
 
-def hydra_record_dir(eval_only: bool, output_dir: str, resume: str | None = None) -> str:
-    """hydra.output_subdir: an evaluation in a run's dir records its config beside the run's .hydra/,
-    not over it (that one says what the run trained with). Resolved before Hydra writes the record,
-    so a .hydra/ there is a run's, even one killed before its first metrics row.
+def refuses_new_run(run_dir: Path, eval_only: bool, resume: str | None) -> bool:
+    """A new training run (no trainer.resume) in a dir that holds a run: it would overwrite that run's
+    config record and checkpoints and drop its log rows (a rerun into the same folder, a SLURM
+    requeue or a torchrun restart without resume=auto). Files no rank writes before all have joined."""
+    return not eval_only and resume is None and holds_a_run(run_dir)
 
-    A new training run (no trainer.resume) in a dir that holds a run is refused here, before Hydra
-    overwrites that run's record: it would also overwrite its checkpoints and drop its log rows (a
-    SLURM requeue or a rerun into the same folder without resume). A torchrun restart starts over
-    as it always has (train.py warns)."""
-    run_dir = Path(output_dir)
-    if not eval_only and resume is None and holds_a_run(run_dir) and not restart_count():
+
+def check_new_run_dir(run_dir: Path, eval_only: bool, resume: str | None) -> None:
+    """The UserError of `refuses_new_run`, from the task (a failed job in a sweep, not its end)."""
+    if refuses_new_run(run_dir, eval_only, resume):
         raise UserError(
             f"{run_dir} holds a run already; continue it with trainer.resume=auto, or give this run "
             f"another hydra.run.dir (hydra.sweep.dir in a sweep)"
         )
+
+
+def hydra_record_dir(eval_only: bool, output_dir: str, resume: str | None = None) -> str | None:
+    """hydra.output_subdir, resolved before Hydra writes the record: an evaluation in a run's dir
+    records its config beside the run's .hydra/, not over it (that one says what the run trained
+    with), and so does a new run the task will refuse (`refuses_new_run`). A .hydra/ there is a
+    run's, even one killed before its first metrics row. Rank 0 alone records (None: no record), so
+    that no rank decides on a .hydra/ another rank of the same launch has just written."""
+    if read_launch_env().rank != 0:
+        return None
+    run_dir = Path(output_dir)
+    if refuses_new_run(run_dir, eval_only, resume):
+        return REFUSED_RECORD_DIR
     return EVAL_RECORD_DIR if eval_only and (holds_a_run(run_dir) or (run_dir / ".hydra").is_dir()) else ".hydra"
 
 
@@ -320,11 +333,6 @@ def composition_error_line(error: BaseException) -> str:
     cause = error
     while cause.__cause__ is not None and not isinstance(cause, OmegaConfBaseException):
         cause = cause.__cause__
-    refusal = cause  # one of our resolvers refused (hydra_record_dir): OmegaConf chains it as a context
-    while refusal is not None and not isinstance(refusal, UserError):
-        refusal = refusal.__cause__ or refusal.__context__
-    if refusal is not None:
-        return str(refusal)
     if isinstance(cause, OmegaConfBaseException) and cause.full_key:
         return f"{cause.full_key}: {str(cause.msg).splitlines()[0]}"
     parts: list[str] = []  # "Available options in 'loader':" and its indented list become one part

@@ -131,6 +131,46 @@ def test_a_new_run_in_a_runs_dir_is_refused_before_anything_is_written(tmp_path,
         f"error: {run} holds a run already; continue it with trainer.resume=auto, or give this run another "
         "hydra.run.dir (hydra.sweep.dir in a sweep)"
     ]
-    assert {p: p.read_bytes() for p in files} == kept
+    assert {p: p.read_bytes() for p in files} == kept and not (run / ".hydra-refused").exists()
     resumed = run_script("train.py", *TINY_SYNTHETIC, f"hydra.run.dir={run}", "trainer.epochs=2", "trainer.resume=auto", capfd=capfd)
     assert resumed.returncode == 0 and read_json(run / "summary.json")["epochs_completed"] == 2
+
+
+def test_a_sweep_job_whose_dir_holds_a_run_is_one_failed_job(tmp_path, capfd):
+    """A sweep into a used sweep dir: the job whose dir holds a run is refused as a failed job (it
+    was a traceback that ended the sweep without its summary), the others run, the sweep exits 2."""
+    sweep = tmp_path / "sweep"
+    run_script("train.py", "-m", *TINY_SYNTHETIC, f"hydra.sweep.dir={sweep}", "seed=0", capfd=capfd)
+    kept = (sweep / "0" / ".hydra" / "overrides.yaml").read_bytes()
+    again = run_script("train.py", "-m", *TINY_SYNTHETIC, f"hydra.sweep.dir={sweep}", "seed=1,2", capfd=capfd, check=False)
+    assert again.returncode == 2, again.stderr[-2000:]
+    assert again.stderr.strip().splitlines()[-1].startswith(f"error: 1 job(s) of the sweep failed; job 0: {sweep / '0'} holds a run")
+    assert "Traceback" not in again.stderr and (sweep / "0" / ".hydra" / "overrides.yaml").read_bytes() == kept
+    assert read_json(sweep / "1" / "summary.json")["end_state"] == "completed" and (sweep / "sweep_summary.md").is_file()
+
+
+@pytest.mark.slow
+def test_under_torchrun_a_restart_is_refused_too_and_only_rank_0_records(tmp_path, capfd):
+    """Two gloo ranks. A torchrun restart (--max-restarts) into a run's dir without resume got past
+    the refusal (it skipped restarts) and overwrote the run. An evaluation into a fresh dir is an
+    evaluation of its own (summary.json, .hydra/): rank 1 used to see the .hydra/ rank 0 had just
+    written, record into .hydra-eval/, and make rank 0 write eval_summary.json."""
+    run = tmp_path / "run"
+    run_script("train.py", *TINY_SYNTHETIC, f"hydra.run.dir={run}", capfd=capfd)
+    kept = {p: p.read_bytes() for p in (run / ".hydra" / "overrides.yaml", run / "checkpoints" / "last.pt")}
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    restarted = subprocess.run(
+        [*torchrun, "--max-restarts=1", str(REPO / "train.py"), *TINY_SYNTHETIC, "seed=5", f"hydra.run.dir={run}"],
+        env=launch_env(), capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert restarted.returncode != 0 and "holds a run already" in restarted.stderr, restarted.stderr[-2000:]
+    assert {p: p.read_bytes() for p in kept} == kept
+    fresh = tmp_path / "eval"
+    evaluated = subprocess.run(
+        [*torchrun, str(REPO / "train.py"), *TINY_SYNTHETIC, "trainer.eval_only=true",
+         f"trainer.resume={run / 'checkpoints' / 'last.pt'}", f"hydra.run.dir={fresh}"],
+        env=launch_env(), capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert evaluated.returncode == 0, evaluated.stderr[-2000:]
+    assert read_json(fresh / "summary.json")["end_state"] == "completed"
+    assert not (fresh / "eval_summary.json").exists() and not (fresh / ".hydra-eval").exists()
