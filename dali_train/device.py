@@ -35,8 +35,12 @@ def select_device(name: str, dist: DistInfo) -> torch.device:
 
 
 def gpu_of_rank(local_rank: int, visible: int) -> int:
-    """This rank's GPU index: its local rank. More ranks on a node than GPUs would put two on one
-    GPU (NCCL refuses that mid-setup; anything else trains them at half speed): one line instead."""
+    """This rank's GPU index: its local rank; or 0 where each process sees one GPU (SLURM binding a
+    GPU per task: `--gpus-per-task=1`, submitit's gpus_per_task). More ranks on a node than GPUs
+    would put two on one GPU (NCCL refuses that mid-setup; anything else trains them at half
+    speed): one line instead."""
+    if visible == 1:
+        return 0
     if local_rank >= visible:
         raise UserError(
             f"local rank {local_rank}, but this node has {visible} visible GPU(s) "

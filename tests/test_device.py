@@ -28,6 +28,7 @@ def test_tf32_false_keeps_fp32_matmuls_and_convolutions_in_full_precision():
 
 def test_each_rank_gets_its_own_gpu_and_more_ranks_than_gpus_is_one_line():
     assert [gpu_of_rank(r, 2) for r in (0, 1)] == [0, 1]
+    assert [gpu_of_rank(r, 1) for r in range(4)] == [0, 0, 0, 0]  # one GPU bound to each task (SLURM)
     with pytest.raises(UserError, match=r"local rank 2, but this node has 2 visible GPU\(s\).*--nproc_per_node=2") as e:
         gpu_of_rank(2, 2)  # it was GPU 0 again, beside rank 0
     assert "\n" not in str(e.value)
