@@ -7,8 +7,11 @@ set -uo pipefail
 DATA=${1:?data root}; OUT=${2:?output folder}; shift 2
 RECIPES=${*:-imagenette_128_5ep imagenette_128_20ep}
 export PYTHONUNBUFFERED=1
+if [ -n "$(ls -A "$OUT/runs" 2>/dev/null)" ]; then  # the summary would be of the old runs (train.py refuses a new one there)
+  echo "error: $OUT/runs holds runs already; choose a new OUTDIR" >&2; exit 2
+fi
 mkdir -p "$OUT/runs"
-runs=()
+runs=() pids=()
 gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
 IFS=, read -ra devices <<< "${CUDA_VISIBLE_DEVICES:-$(seq -s, 0 $(( gpus > 0 ? gpus - 1 : 0 )))}"
 start=$(date +%s)
@@ -17,9 +20,13 @@ for recipe in $RECIPES; do
     dir=$OUT/runs/${recipe}_s$seed
     CUDA_VISIBLE_DEVICES=${devices[${#runs[@]} % ${#devices[@]}]} python train.py +experiment="$recipe" data.root="$DATA" seed=$seed loader.num_threads=3 \
       hydra.run.dir="$dir" > "$OUT/runs/${recipe}_s$seed.log" 2>&1 &
-    runs+=("$dir")
+    runs+=("$dir") pids+=($!)
   done
 done
-wait
+failed=0
+for i in "${!pids[@]}"; do
+  wait "${pids[$i]}" || { failed=1; echo "error: ${runs[$i]} failed; see its .log" >&2; }
+done
 echo "all runs: $(( $(date +%s) - start )) s"
 python scripts/recipe_summary.py "${runs[@]}" | tee "$OUT/recipes.md"
+exit $failed
