@@ -288,14 +288,17 @@ def evaluate(
     count = 0
     autocast = torch.autocast(device.type, dtype=amp_dtype) if amp_dtype else contextlib.nullcontext()
     for images, labels in itertools.islice(loader, max_steps):  # max_steps None: every batch
+        n = labels.shape[0]
+        if n == 0:  # a shorter shard's last batch, all padding (3 ranks, 50 images: 16/17/17): its 0/0
+            # accuracy was NaN. No forward either: a compiled model would recompile (CUDA graphs:
+            # capture) for batch 0 on this rank alone. Never the first batch, so DDP's buffer
+            # broadcast (at the first forward after training only) is not skipped.
+            continue
         with autocast:
             logits = model(images).float()
             if flip_tta:  # copied first: under CUDA graphs the next call reuses the output's buffer
                 first = logits.clone()
                 logits = (first + model(images.flip(3)).float()) / 2  # dim 3: the width (NCHW view)
-        n = labels.shape[0]
-        if n == 0:  # a shorter shard's last batch, all padding (3 ranks, 50 images: 16/17/17); its forward ran
-            continue  # with the other ranks' (DDP broadcasts buffers at each one); its accuracy would be 0/0
         top1, top5 = accuracy(logits, labels, topk=(1, 5))  # percentages of this batch
         loss = torch.nn.functional.cross_entropy(logits, labels, reduction="sum")
         totals += torch.stack([top1 * n / 100, top5 * n / 100, loss]).double()

@@ -249,8 +249,8 @@ def test_two_nodes_on_localhost_read_disjoint_shards_that_cover_the_dataset(tmp_
 
 def test_train_multinode_sh_runs_two_nodes_on_localhost(small_root, tmp_path):
     """The README's multi-node command, as written, on two "nodes" of CPU processes: node 0 starts
-    one per entry of its CUDA_VISIBLE_DEVICES (two; nvidia-smi would count every GPU), node 1,
-    with neither, falls back to 1. Three ranks also give validation a shard that ends a batch early."""
+    one per entry of its CUDA_VISIBLE_DEVICES (two; nvidia-smi would count every GPU), node 1 the
+    NPROC it is given. Three ranks also give validation a shard that ends a batch early."""
     port, run = free_port(), tmp_path / "run"
     train = [*TINY, f"data.root={small_root}", "trainer.epochs=1", "trainer.max_steps_per_epoch=2", f"hydra.run.dir={run}"]
     procs = [
@@ -258,7 +258,7 @@ def test_train_multinode_sh_runs_two_nodes_on_localhost(small_root, tmp_path):
             ["bash", str(REPO / "scripts" / "train_multinode.sh"), *train],
             env={**launch_env(), "NNODES": "2", "NODE_RANK": str(node), "MASTER": f"127.0.0.1:{port}",
                  "PATH": "/usr/bin:/bin:" + str(Path(sys.executable).parent),
-                 **({"CUDA_VISIBLE_DEVICES": "0,1"} if node == 0 else {})},
+                 **({"CUDA_VISIBLE_DEVICES": "0,1"} if node == 0 else {"NPROC": "1"})},
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
