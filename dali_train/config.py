@@ -122,7 +122,7 @@ class ModelConfig:
     self_attention: bool = False  # fastai xresnet's self-attention layer in layer1's last block (timm ResNets)
     stem_blur_pool: bool = False  # fastai's MaxBlurPool as the stem's pool only (timm's aa_layer blurs every stride)
     blur_strided_convs: bool = False  # FFCV's BlurPool: a 3x3 blur before every strided conv of >= 16 input channels
-    weight_init: str = "timm"  # timm (the model's own) | fan_in (fastai's init_cnn: kaiming normal by fan-in, zero biases)
+    weight_init: str = "timm"  # timm (the model's own) | fan_in (fastai's init_cnn for timm ResNets: kaiming normal by fan-in)
 
     def __post_init__(self) -> None:
         must_be_in("model.drop_path_rate", self.drop_path_rate, 0, 1)

@@ -42,6 +42,11 @@ def build_model(spec: ModelConfig, num_classes: int) -> torch.nn.Module:
     except (TypeError, ValueError, KeyError, AssertionError) as e:  # a kwarg the model class does not take
         raise ModelError(f"model.kwargs={kwargs}: {name} rejected them ({type(e).__name__}: {e})") from None
     if spec.weight_init == "fan_in":
+        if not isinstance(model, timm.models.resnet.ResNet):  # others zero-init convs or heads of their own
+            raise ModelError(
+                f"model.weight_init=fan_in: fastai's init for timm ResNet-family models (resnet*, resnext*, "
+                f"resnetblur*), not {name} ({type(model).__name__}), whose own inits it would overwrite"
+            )
         init_fan_in(model)
     if spec.stem_blur_pool:
         blur_stem_pool(model)

@@ -141,6 +141,13 @@ def test_weight_init_fan_in_draws_convs_and_the_head_by_fan_in_and_keeps_the_zer
     assert fan_in(torch.randn(2, 3, 64, 64)).shape == (2, 10)
 
 
+def test_weight_init_fan_in_on_a_model_outside_the_resnet_family_is_a_one_line_error():
+    """It would overwrite inits of their own (resnetv2 zeroes its blocks' last conv; ViT its head)."""
+    with pytest.raises(ModelError, match=r"model.weight_init=fan_in: fastai's init for timm ResNet-family") as e:
+        build_model(ModelConfig(name="test_vit", weight_init="fan_in"), 10)
+    assert "\n" not in str(e.value)
+
+
 def test_an_unknown_weight_init_is_a_one_line_error():
     with pytest.raises(UserError, match=r"model.weight_init") as e:
         ModelConfig(name="resnet18", weight_init="xavier")
