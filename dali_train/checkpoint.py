@@ -158,7 +158,7 @@ class Checkpointer:
         return resume
 
     def save(
-        self, name: str, parts, *, next_epoch: int, next_step: int, best_top1: float, wall_time_s: float = 0.0
+        self, name: str, parts, *, next_epoch: int, next_step: int, best_top1: float, wall_time_s: float | None = None
     ) -> None:
         """The training state (engine.TrainParts) to checkpoints/`name`, written by rank 0; all ranks wait.
 
@@ -182,7 +182,7 @@ class Checkpointer:
                 "next_epoch": next_epoch,  # where a resume continues
                 "next_step": next_step,  # > 0 for a mid-epoch checkpoint
                 "best_top1": best_top1,
-                "wall_time_s": wall_time_s,  # a resume's clock goes on from here, a mid-epoch save's too
+                "wall_time_s": wall_time_s,  # a resume's clock goes on from here (None: from the last epoch row)
                 "rng": rng,  # one entry per rank
             }
             self._write(self.path(name), state)

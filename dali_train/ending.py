@@ -53,7 +53,8 @@ def job_done(epochs_done: int, epochs: int, run_dir: Path) -> Ending:
     return Ending(
         "job done",
         0,
-        f"{epochs_done} of {epochs} epochs done; continue with trainer.resume=auto hydra.run.dir={run_dir}",
+        f"{epochs_done} of {epochs} epochs done; continue: the same command with trainer.resume=auto "
+        f"hydra.run.dir={run_dir}",
     )
 
 

@@ -30,7 +30,7 @@ COLUMNS = [
 ]  # fmt: skip
 
 
-NO_SUMMARY = "no summary.json (killed?)"  # the end_state of a job that left none
+NO_SUMMARY = "no summary.json (killed, running, or failed before training)"  # a job that left none
 
 
 def collect(multirun_dir: Path) -> list[dict[str, Any]]:

@@ -126,10 +126,10 @@ def test_a_job_that_ended_early_is_marked_and_left_out_of_the_mean_over_seeds(tm
     assert [(s[0], s[2], s[3]) for s in settings] == [
         ("| optimizer.lr=0.2", "60.00 / 62.00", "61.00"),
         ("| optimizer.lr=0.1", "70.00 / 30.00 (stopped by signal)", "70.00 (1 of 2)"),
-        ("| optimizer.lr=0.3", " (no summary.json (killed?))", " (0 of 1)"),
+        ("| optimizer.lr=0.3", " (no summary.json (killed, running, or failed before training))", " (0 of 1)"),
     ]
     assert {r["end_state"] for r in csv.DictReader(open(tmp_path / "sweep_summary.csv"))} == {
-        "completed", "stopped by signal", "no summary.json (killed?)"
+        "completed", "stopped by signal", "no summary.json (killed, running, or failed before training)"
     }  # fmt: skip
 
 

@@ -190,7 +190,7 @@ def test_val_every_n_epochs_counts_from_epoch_0_and_validates_each_jobs_last(sma
     assert [r["epoch"] for r in rows] == [0, 1, 2, 3, 4] and first.summary["epochs_completed"] == 3
     assert first.summary["end_state"] == "job done" and second.summary["end_state"] == "completed"
     # the next job's command names this dir: a plain rerun gets a new one and would start over
-    assert first.summary["end_message"].endswith(f"continue with trainer.resume=auto hydra.run.dir={run_dir}")
+    assert first.summary["end_message"].endswith(f"the same command with trainer.resume=auto hydra.run.dir={run_dir}")
     assert rows[0]["val_top1"] is None and rows[0]["val_samples"] is None
     assert [r["val_samples"] for r in rows[1:]] == [50, 50, 50, 50]
     assert "not validated (trainer.val_every_n_epochs)" in first.log
