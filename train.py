@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import atexit
 import logging
-import math
 import os
 import shutil
 import signal
@@ -114,9 +113,10 @@ def end_run(writer: MetricsWriter, summary: dict, ending: Ending, started: float
     summary.update(end_state=ending.state, wall_time_s=writer.earlier_jobs_s + job_s, job_wall_time_s=job_s)
     if ending.message:
         summary["end_message"] = ending.message
-    summary["device"] = str(summary.get("device"))
-    try:  # strict JSON: a best top-1 of -inf (nothing validated yet) is null
-        writer.summary({k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in summary.items()})
+    device = summary.get("device")
+    summary["device"] = None if device is None else str(device)  # null before one was chosen ("None" was)
+    try:  # strict JSON: a best top-1 of -inf (nothing validated yet) is null (logs.json_text)
+        writer.summary(summary)
         writer.close()
     except OSError as e:  # a full disk, say: the ending itself still reaches the log and the exit code
         log.warning("could not write summary.json: %s", e)

@@ -50,10 +50,10 @@ def build_model(spec: ModelConfig, num_classes: int) -> torch.nn.Module:
         init_fan_in(model)
     if spec.stem_blur_pool:
         blur_stem_pool(model)
+    if spec.self_attention:  # before the blurs wrap layer2's first conv, whose width it reads
+        add_self_attention(model)
     if spec.blur_strided_convs:
         blur_strided_convs(model)
-    if spec.self_attention:
-        add_self_attention(model)
     if spec.pretrained:
         load_pretrained(model, spec.pretrained, strict=spec.pretrained_strict)
     n_params = sum(p.numel() for p in model.parameters())

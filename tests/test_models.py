@@ -152,3 +152,10 @@ def test_an_unknown_weight_init_is_a_one_line_error():
     with pytest.raises(UserError, match=r"model.weight_init") as e:
         ModelConfig(name="resnet18", weight_init="xavier")
     assert "\n" not in str(e.value)
+
+
+def test_self_attention_and_ffcvs_blur_together_on_a_basic_block_resnet():
+    """The blur wrapped layer2's first conv (strided in a BasicBlock ResNet) before the attention
+    layer read its width: an AttributeError mid-setup."""
+    model = build_model(ModelConfig(name="resnet18", self_attention=True, blur_strided_convs=True), 10)
+    assert isinstance(model.layer2[0].conv1, torch.nn.Sequential) and model(torch.randn(2, 3, 64, 64)).shape == (2, 10)

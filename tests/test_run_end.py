@@ -189,6 +189,15 @@ def test_config_errors_exit_2_without_a_traceback(tmp_path, args, message, capfd
     assert "Traceback" not in proc.stderr and message in proc.stderr
 
 
+def test_an_error_before_a_device_is_chosen_writes_device_null(tmp_path, capfd):
+    """A value the schema refuses at the run's start: summary.json has end_state error and a
+    device of null (it was the string "None")."""
+    proc = run_script("train.py", *TINY, "optimizer.lr=-0.1", f"hydra.run.dir={tmp_path}", capfd=capfd, check=False)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["end_state"] == "error" and summary["device"] is None
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
