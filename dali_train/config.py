@@ -291,13 +291,18 @@ def register_configs() -> None:
     OmegaConf.register_new_resolver("dali_train.hydra_record_dir", hydra_record_dir, replace=True)
 
 
+def key_line(e: OmegaConfBaseException) -> str:
+    """An OmegaConf error as one line naming its key: `optimizer.lr: Interpolation key ... not found`."""
+    return f"{e.full_key or 'config'}: {str(e.msg).splitlines()[0]}"
+
+
 def require_values(cfg: DictConfig) -> None:
     """A UserError naming the first key left `???` (a required value nobody set), or the first
     interpolation that does not resolve (`${oc.env:UNSET}`): finding what is missing resolves them."""
     try:
         missing = sorted(OmegaConf.missing_keys(cfg))
     except OmegaConfBaseException as e:
-        raise UserError(f"{e.full_key or 'config'}: {str(e.msg).splitlines()[0]}") from None
+        raise UserError(key_line(e)) from None
     if missing:
         raise UserError(f"{missing[0]}: no value; set it on the command line ({missing[0]}=...)")
 
@@ -324,7 +329,7 @@ def load_config(cfg: DictConfig) -> Config:
     try:
         return OmegaConf.to_object(cfg)
     except OmegaConfBaseException as e:  # an interpolation that does not resolve, say
-        raise UserError(f"{e.full_key or 'config'}: {str(e.msg).splitlines()[0]}") from None
+        raise UserError(key_line(e)) from None
 
 
 def composition_error_line(error: BaseException) -> str:
@@ -334,7 +339,7 @@ def composition_error_line(error: BaseException) -> str:
     while cause.__cause__ is not None and not isinstance(cause, OmegaConfBaseException):
         cause = cause.__cause__
     if isinstance(cause, OmegaConfBaseException) and cause.full_key:
-        return f"{cause.full_key}: {str(cause.msg).splitlines()[0]}"
+        return key_line(cause)
     parts: list[str] = []  # "Available options in 'loader':" and its indented list become one part
     listing = False
     for raw in str(error).splitlines():
