@@ -6,7 +6,8 @@ of every Hydra multirun (`SweepSummaryCallback`, registered in conf/config.yaml)
 `scripts/sweep_summary.py DIR` for a sweep run by other means (torchrun per point, SLURM).
 A sweep over `seed=` gets a second table: each setting's final val top-1 per seed and their mean,
 best mean first (choose by the mean, not by one lucky seed). Only completed jobs count in a mean:
-a job that ended early (a signal, `epochs_per_job`, divergence) is listed with its `end_state`.
+a job that ended early (a signal, `epochs_per_job`, divergence) is listed with its `end_state`,
+and so is a summary.json that this multirun did not write (its job was refused: the dir held a run).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import csv
 import json
 import logging
 import statistics
+import time
 from pathlib import Path
 from typing import Any
 
@@ -31,11 +33,13 @@ COLUMNS = [
 
 
 NO_SUMMARY = "no summary.json (killed, running, or failed before training)"  # a job that left none
+EARLIER = "an earlier run's (this sweep's job was refused or wrote none)"  # a summary.json older than the sweep
 
 
-def collect(multirun_dir: Path) -> list[dict[str, Any]]:
+def collect(multirun_dir: Path, since: float | None = None) -> list[dict[str, Any]]:
     """One row per job; `overrides` lists what differs between jobs (the swept values). A job with
-    a config record but no summary.json (killed by SIGKILL or the OOM killer) is listed as such."""
+    a config record but no summary.json (killed by SIGKILL or the OOM killer) is listed as such, and
+    one whose summary.json is older than `since` (the multirun's start) as an earlier run's."""
     jobs = []
     job_dirs = {p.parent for p in multirun_dir.glob("*/summary.json")} | {
         p.parent.parent for p in multirun_dir.glob("*/.hydra/overrides.yaml")
@@ -45,6 +49,8 @@ def collect(multirun_dir: Path) -> list[dict[str, Any]]:
         overrides = (yaml.safe_load(overrides_file.read_text()) if overrides_file.is_file() else None) or []
         summary = job_dir / "summary.json"
         ended = json.loads(summary.read_text()) if summary.is_file() else {"end_state": NO_SUMMARY}
+        if since is not None and summary.is_file() and summary.stat().st_mtime < since:
+            ended["end_state"] = EARLIER  # its numbers are that run's, outside every mean
         jobs.append((job_dir.name, overrides, ended))
     common = set.intersection(*(set(o) for _, o, _ in jobs)) if len(jobs) > 1 else set()
     rows = [
@@ -92,10 +98,11 @@ def by_setting(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     )
 
 
-def write_sweep_summary(multirun_dir: str | Path) -> list[dict[str, Any]]:
-    """Write sweep_summary.{md,csv} in `multirun_dir`; returns the rows, best first."""
+def write_sweep_summary(multirun_dir: str | Path, since: float | None = None) -> list[dict[str, Any]]:
+    """Write sweep_summary.{md,csv} in `multirun_dir`; returns the rows, best first. `since`: the
+    multirun's start (time.time()), when known: an older summary.json is marked an earlier run's."""
     root = Path(multirun_dir)
-    rows = collect(root)
+    rows = collect(root, since)
     with open(root / "sweep_summary.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
         writer.writeheader()
@@ -143,8 +150,14 @@ def write_sweep_summary(multirun_dir: str | Path) -> list[dict[str, Any]]:
 class SweepSummaryCallback(Callback):
     """Hydra callback: the summary table once all jobs of a multirun have finished."""
 
+    started: float | None = None
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        self.started = time.time()  # a job's summary.json comes seconds later: file-clock coarseness does not matter
+
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        rows = write_sweep_summary(config.hydra.sweep.dir)
+        rows = write_sweep_summary(config.hydra.sweep.dir, self.started)
+        rows = [r for r in rows if r["end_state"] != EARLIER]  # the best of this sweep's own jobs
         settings = by_setting(rows)
         if settings and settings[0]["mean"] is not None and settings[0]["completed"] == len(settings[0]["seeds"]):
             log.info(

@@ -15,7 +15,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from dali_train.data.sample import make_image_folder
-from dali_train.sweep import write_sweep_summary
+from dali_train.sweep import EARLIER, write_sweep_summary
 from tests.conftest import REPO, TINY, compose_run_config, launch_env, read_json, run_script
 
 pytestmark = pytest.mark.slow
@@ -60,6 +60,19 @@ def test_multirun_two_points_each_with_outputs_and_a_summary_table(small_root, t
     assert all(s[1] == "0 1" for s in settings)
     listed = [float(s[3]) for s in settings]
     assert listed == sorted(listed, reverse=True)
+
+    # the same sweep again into the same dir: every job is refused (its dir holds a run), and the
+    # summary marks the rows as the earlier runs' instead of listing them as this sweep's results
+    before = (sweep / "0" / "summary.json").read_text()
+    again = run_script(
+        "train.py", "-m", *TINY, f"data.root={small_root}", "trainer.epochs=1", "optimizer.lr=0.05,0.2", "seed=0,1",
+        f"hydra.sweep.dir={sweep}", capfd=capfd, check=False,
+    )  # fmt: skip
+    assert again.returncode == 2 and "4 job(s) of the sweep failed" in again.stderr, again.stderr[-2000:]
+    assert (sweep / "0" / "summary.json").read_text() == before
+    rows = list(csv.DictReader(open(sweep / "sweep_summary.csv")))
+    assert len(rows) == 4 and {r["end_state"] for r in rows} == {EARLIER}, rows
+    assert "(best: " not in again.stdout and "(best mean" not in again.stdout, again.stdout[-2000:]
 
 
 def test_a_failed_job_does_not_end_the_sweep(small_root, tmp_path, capfd):
