@@ -17,7 +17,6 @@ from __future__ import annotations
 import atexit
 import logging
 import os
-import shutil
 import signal
 import sys
 import time
@@ -30,12 +29,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from dali_train.checkpoint import Checkpointer, CheckpointMeta
 from dali_train.config import (
-    EVAL_RECORD_DIR,
-    REFUSED_RECORD_DIR,
     check_experiment_choice,
-    check_new_run_dir,
     composition_error_line,
-    holds_a_run,
     load_config,
     register_configs,
     require_values,
@@ -59,6 +54,7 @@ from dali_train.errors import UserError
 from dali_train.fit import Fit
 from dali_train.logs import MetricsWriter, setup_logging
 from dali_train.parts import build_train_parts
+from dali_train.run_dirs import evaluates_a_run, refuse_new_run_over_run
 from dali_train.sweep import write_sweep_summary
 
 log = logging.getLogger("dali_train")
@@ -81,10 +77,8 @@ def run(cfg: DictConfig) -> float:
     setup_logging(dist, run_dir)
     log.info("config:\n%s", OmegaConf.to_yaml(cfg, resolve=True))  # as the run sees it (paths, interpolations)
     log.info("CUDA_DEVICE_MAX_CONNECTIONS=%s", cuda_queues or "unset (CUDA's default, 8)")
-    # An evaluation in a run's dir (trainer.resume=auto) keeps that run's summary.json. Hydra has
-    # written its record by now: the record dir it chose says whether a run's .hydra/ was there.
-    evaluating_a_run = cfg.trainer.eval_only and (holds_a_run(run_dir) or (run_dir / EVAL_RECORD_DIR).is_dir())
-    writer = MetricsWriter(run_dir, dist.is_main, "eval_summary.json" if evaluating_a_run else "summary.json")
+    summary_name = "eval_summary.json" if evaluates_a_run(run_dir, cfg.trainer.eval_only) else "summary.json"
+    writer = MetricsWriter(run_dir, dist.is_main, summary_name)
     summary: dict = {"world_size": dist.world_size, "loader": cfg.loader.name, "model": cfg.model.name}
     started = time.perf_counter()
     try:
@@ -223,25 +217,13 @@ def _end_job(code: int, message: str) -> float:
     return float("nan")
 
 
-def refuse_a_new_run_over_a_run(cfg: DictConfig) -> None:
-    """A new run in a dir that holds a run: a UserError (a failed job in a sweep), its record
-    (.hydra-refused/, kept apart from the run's .hydra/) removed."""
-    run_dir = Path(HydraConfig.get().runtime.output_dir)
-    try:
-        check_new_run_dir(run_dir, cfg.trainer.eval_only, cfg.trainer.resume)
-    except UserError:
-        if HydraConfig.get().output_subdir == REFUSED_RECORD_DIR:
-            shutil.rmtree(run_dir / REFUSED_RECORD_DIR, ignore_errors=True)
-        raise
-
-
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> float:
     global _task_started
     _task_started = True
     try:
         check_experiment_choice(HydraConfig.get().runtime.choices.get("experiment"))
-        refuse_a_new_run_over_a_run(cfg)
+        refuse_new_run_over_run(Path(HydraConfig.get().runtime.output_dir), cfg.trainer.eval_only, cfg.trainer.resume)
         require_values(cfg)  # before run() logs the resolved config
         return run(cfg)
     except UserError as e:  # before the run dir: no summary

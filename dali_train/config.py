@@ -29,7 +29,6 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from dali_train.distributed import read_launch_env
 from dali_train.errors import UserError
 from dali_train.options import (  # the option groups' schemas
     AnnealSchedulerConfig,
@@ -48,6 +47,7 @@ from dali_train.options import (  # the option groups' schemas
     must_be_in,
     must_be_one_of,
 )
+from dali_train.run_dirs import hydra_record_dir
 
 AMP_CHOICES = ("bf16", "fp16", "off")
 DEVICE_CHOICES = ("auto", "cpu", "cuda")
@@ -236,46 +236,6 @@ SCHEMAS: dict[str, dict[str, type]] = {  # group -> schema name (in the option's
         "step_schema": StepSchedulerConfig,
     },
 }
-
-
-def holds_a_run(run_dir: Path) -> bool:
-    """Whether a training run wrote into run_dir: a finished one (summary.json) or one killed before
-    it ended (its metrics or last checkpoint only)."""
-    return any((run_dir / name).exists() for name in ("summary.json", "metrics.jsonl", "checkpoints/last.pt"))
-
-
-EVAL_RECORD_DIR = ".hydra-eval"  # where an evaluation in a run's dir records its config
-REFUSED_RECORD_DIR = ".hydra-refused"  # where a refused new run's record goes (removed when it is refused)
-
-
-def refuses_new_run(run_dir: Path, eval_only: bool, resume: str | None) -> bool:
-    """A new training run (no trainer.resume) in a dir that holds a run: it would overwrite that run's
-    config record and checkpoints and drop its log rows (a rerun into the same folder, a SLURM
-    requeue or a torchrun restart without resume=auto). Files no rank writes before all have joined."""
-    return not eval_only and resume is None and holds_a_run(run_dir)
-
-
-def check_new_run_dir(run_dir: Path, eval_only: bool, resume: str | None) -> None:
-    """The UserError of `refuses_new_run`, from the task (a failed job in a sweep, not its end)."""
-    if refuses_new_run(run_dir, eval_only, resume):
-        raise UserError(
-            f"{run_dir} holds a run already; continue it with trainer.resume=auto, or give this run "
-            f"another hydra.run.dir (hydra.sweep.dir in a sweep)"
-        )
-
-
-def hydra_record_dir(eval_only: bool, output_dir: str, resume: str | None = None) -> str | None:
-    """hydra.output_subdir, resolved before Hydra writes the record: an evaluation in a run's dir
-    records its config beside the run's .hydra/, not over it (that one says what the run trained
-    with), and so does a new run the task will refuse (`refuses_new_run`). A .hydra/ there is a
-    run's, even one killed before its first metrics row. Rank 0 alone records (None: no record), so
-    that no rank decides on a .hydra/ another rank of the same launch has just written."""
-    if read_launch_env().rank != 0:
-        return None
-    run_dir = Path(output_dir)
-    if refuses_new_run(run_dir, eval_only, resume):
-        return REFUSED_RECORD_DIR
-    return EVAL_RECORD_DIR if eval_only and (holds_a_run(run_dir) or (run_dir / ".hydra").is_dir()) else ".hydra"
 
 
 def register_configs() -> None:

@@ -1,0 +1,74 @@
+"""Run directories: which one holds a run, and what a new run, a resume and an evaluation may do there.
+
+A new training run (no trainer.resume) is refused in a dir that holds a run, before Hydra's record
+could overwrite the run's: Hydra resolves `hydra.output_subdir` through `hydra_record_dir` (the
+`${dali_train.hydra_record_dir:...}` resolver of conf/config.yaml), which sends that record apart,
+and the task refuses (`refuse_new_run_over_run`), so a sweep loses one job, not the run.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from hydra.core.hydra_config import HydraConfig
+
+from dali_train.distributed import read_launch_env
+from dali_train.errors import UserError
+
+
+def holds_a_run(run_dir: Path) -> bool:
+    """Whether a training run wrote into run_dir: a finished one (summary.json) or one killed before
+    it ended (its metrics or last checkpoint only)."""
+    return any((run_dir / name).exists() for name in ("summary.json", "metrics.jsonl", "checkpoints/last.pt"))
+
+
+EVAL_RECORD_DIR = ".hydra-eval"  # where an evaluation in a run's dir records its config
+REFUSED_RECORD_DIR = ".hydra-refused"  # where a refused new run's record goes (removed when it is refused)
+
+
+def refuses_new_run(run_dir: Path, eval_only: bool, resume: str | None) -> bool:
+    """A new training run (no trainer.resume) in a dir that holds a run: it would overwrite that run's
+    config record and checkpoints and drop its log rows (a rerun into the same folder, a SLURM
+    requeue or a torchrun restart without resume=auto). Files no rank writes before all have joined."""
+    return not eval_only and resume is None and holds_a_run(run_dir)
+
+
+def check_new_run_dir(run_dir: Path, eval_only: bool, resume: str | None) -> None:
+    """The UserError of `refuses_new_run`, from the task (a failed job in a sweep, not its end)."""
+    if refuses_new_run(run_dir, eval_only, resume):
+        raise UserError(
+            f"{run_dir} holds a run already; continue it with trainer.resume=auto, or give this run "
+            f"another hydra.run.dir (hydra.sweep.dir in a sweep)"
+        )
+
+
+def hydra_record_dir(eval_only: bool, output_dir: str, resume: str | None = None) -> str | None:
+    """hydra.output_subdir, resolved before Hydra writes the record: an evaluation in a run's dir
+    records its config beside the run's .hydra/, not over it (that one says what the run trained
+    with), and so does a new run the task will refuse (`refuses_new_run`). A .hydra/ there is a
+    run's, even one killed before its first metrics row. Rank 0 alone records (None: no record), so
+    that no rank decides on a .hydra/ another rank of the same launch has just written."""
+    if read_launch_env().rank != 0:
+        return None
+    run_dir = Path(output_dir)
+    if refuses_new_run(run_dir, eval_only, resume):
+        return REFUSED_RECORD_DIR
+    return EVAL_RECORD_DIR if eval_only and (holds_a_run(run_dir) or (run_dir / ".hydra").is_dir()) else ".hydra"
+
+
+def refuse_new_run_over_run(run_dir: Path, eval_only: bool, resume: str | None) -> None:
+    """In the task: `check_new_run_dir`, with the refused run's record (.hydra-refused/, kept apart
+    from the run's .hydra/) removed."""
+    try:
+        check_new_run_dir(run_dir, eval_only, resume)
+    except UserError:
+        if HydraConfig.get().output_subdir == REFUSED_RECORD_DIR:
+            shutil.rmtree(run_dir / REFUSED_RECORD_DIR, ignore_errors=True)
+        raise
+
+
+def evaluates_a_run(run_dir: Path, eval_only: bool) -> bool:
+    """An evaluation in a run's dir (trainer.resume=auto), which keeps that run's summary.json. Hydra
+    has written its record by now: the record dir it chose says whether a run's .hydra/ was there."""
+    return eval_only and (holds_a_run(run_dir) or (run_dir / EVAL_RECORD_DIR).is_dir())
