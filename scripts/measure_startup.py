@@ -35,8 +35,9 @@ from hydra import compose, initialize_config_dir
 from dali_train.cli import at_least
 from dali_train.config import load_config, register_configs
 from dali_train.data import NextEpoch, build_loaders
-from dali_train.data.folder import find_bad_files, scan_dataset
+from dali_train.data.folder import scan_dataset
 from dali_train.data.sample import link_copies, make_image_folder
+from dali_train.data.sniff import find_bad_files
 from dali_train.device import amp_dtype_for, select_device, set_cuda_max_connections
 from dali_train.distributed import DistInfo
 

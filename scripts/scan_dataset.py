@@ -36,7 +36,8 @@ from PIL import Image
 from tqdm import tqdm
 
 from dali_train.cli import at_least
-from dali_train.data.folder import list_images, sniff
+from dali_train.data.folder import list_images
+from dali_train.data.sniff import sniff
 
 EXCLUDED_KINDS = {"zero-byte", "unreadable", "truncated", "corrupt-headers", "not-an-image", "undecodable", "corrupt-data"}
 EXT_FORMAT = {

@@ -17,9 +17,10 @@ from typing import Protocol
 import torch
 
 from dali_train.config import DataConfig
-from dali_train.data.folder import DatasetError, ImageFolderDataset, find_bad_files, scan_dataset, warn_excluded
+from dali_train.data.folder import DatasetError, ImageFolderDataset, scan_dataset, warn_excluded
 from dali_train.data.order import padding_per_epoch, steps_per_epoch
 from dali_train.data.sample import make_image_folder
+from dali_train.data.sniff import find_bad_files
 from dali_train.data.transform import Transform
 from dali_train.distributed import DistInfo, all_gather_lists, barrier
 from dali_train.options import DaliCpuLoaderConfig, LoaderConfig, PytorchLoaderConfig, SyntheticLoaderConfig
