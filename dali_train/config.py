@@ -105,6 +105,11 @@ class DataConfig:
                 raise UserError(f"data.{key}={list(bounds)}: must be [min, max] with 0 < min <= max")
         if len(self.mean) != 3 or len(self.std) != 3 or min(self.std) <= 0:
             raise UserError(f"data.mean={list(self.mean)} data.std={list(self.std)}: 3 values each, std above 0")
+        if max(self.mean) > 1 or max(self.std) > 1:  # the loaders scale pixels to 0..1 first: 0-255 stats flatten them
+            raise UserError(
+                f"data.mean={list(self.mean)} data.std={list(self.std)}: on the 0..1 scale of pixels "
+                f"(ImageNet's: [0.485, 0.456, 0.406] and [0.229, 0.224, 0.225]); divide 0-255 values by 255"
+            )
         if self.val_resize < self.val_size:  # DALI cannot crop outside the image; torchvision would pad zeros
             raise UserError(f"data.val_resize={self.val_resize}: below data.val_size={self.val_size}; the crop is cut from it")
 

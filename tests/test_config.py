@@ -116,6 +116,8 @@ def test_a_key_of_another_option_fails_at_composition_like_a_typo(hydra_conf, ov
         (["data.crop_ratio=[0.0,1.0]"], "data.crop_ratio=[0.0, 1.0]: must be [min, max]"),
         (["data.train_size=0"], "data.train_size=0: must be at least 1"),
         (["data.std=[0.2,0.2,0.0]"], "std above 0"),
+        # 0-255 statistics (NVIDIA's DALI examples) squeezed every input to about -2, near-constant in fp16
+        (["data.mean=[123.675,116.28,103.53]", "data.std=[58.395,57.12,57.375]"], "on the 0..1 scale of pixels"),
         (["data.progressive.enabled=true", "data.progressive.step=0"], "data.progressive.step=0: must be at least 1"),
         (["data.progressive.end_epoch=-1"], "data.progressive.end_epoch=-1: must be at least 0"),
         (["seed=-1"], "seed=-1: must be in [0, 4294967296)"),
