@@ -92,6 +92,8 @@ def check_fits(
             ("loader.batch_size", state["batch_size"], meta.batch_size),
             ("trainer.grad_accum_steps", state["grad_accum_steps"], meta.grad_accum_steps),
             ("world size (--nproc_per_node)", state["world_size"], meta.world_size),
+            # the epoch's order is drawn from the seed: another one re-reads some images, skips others
+            ("seed", (state.get("config") or {}).get("seed", meta.config.get("seed")), meta.config.get("seed")),
         ):
             if then != now:
                 raise CheckpointError(

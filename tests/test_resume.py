@@ -180,7 +180,7 @@ def signal_at_line(cmd: list[str], marker: str, signum: int, **popen) -> tuple[i
 @pytest.mark.slow
 def test_sigterm_finishes_the_step_saves_last_pt_and_exits(small_root, tmp_path):
     """SIGTERM mid-epoch: the step finishes, last.pt keeps the position, exit code 128+15. Resumed
-    with batch 8 -> 16: one line naming loader.batch_size (a mid-epoch position has no mapping);
+    with batch 8 -> 16 or another seed: one line naming the key (a mid-epoch position has no mapping);
     resumed as it was (resume=auto in its run dir): it continues at that step."""
     run = tmp_path / "run"
     common = args(small_root, "trainer.epochs=50", "trainer.log_every_n_steps=1")
@@ -196,6 +196,9 @@ def test_sigterm_finishes_the_step_saves_last_pt_and_exits(small_root, tmp_path)
         args(small_root, "loader.batch_size=16", f"trainer.resume={last}"), tmp_path / "a", check=False
     )
     assert_one_line_ending(ended, "loader.batch_size=16", "loader.batch_size=8", "mid-epoch")
+    # another seed draws another order for the rest of the epoch (it went through without a word)
+    ended = run_inprocess(args(small_root, "seed=5", f"trainer.resume={last}"), tmp_path / "s", check=False)
+    assert_one_line_ending(ended, "seed=5", "seed=0", "mid-epoch")
     # a cap below the saved position: nothing of that epoch is left to train (not one step past the cap)
     capped = args(small_root, "trainer.max_steps_per_epoch=2", f"trainer.resume={last}")
     ended = run_inprocess(capped, tmp_path / "b", check=False)
