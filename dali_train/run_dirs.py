@@ -27,18 +27,27 @@ EVAL_RECORD_DIR = ".hydra-eval"  # where an evaluation in a run's dir records it
 REFUSED_RECORD_DIR = ".hydra-refused"  # where a refused new run's record goes (removed when it is refused)
 
 
+def resumes_another_run(run_dir: Path, resume: str | None) -> bool:
+    """trainer.resume names a checkpoint outside run_dir/checkpoints/: another run's."""
+    if resume in (None, "auto"):
+        return False
+    return (run_dir / "checkpoints").resolve() not in Path(resume).resolve().parents
+
+
 def refuses_new_run(run_dir: Path, eval_only: bool, resume: str | None) -> bool:
-    """A new training run (no trainer.resume) in a dir that holds a run: it would overwrite that run's
-    config record and checkpoints and drop its log rows (a rerun into the same folder, a SLURM
-    requeue or a torchrun restart without resume=auto). Files no rank writes before all have joined."""
-    return not eval_only and resume is None and holds_a_run(run_dir)
+    """A new training run in a dir that holds a run: no trainer.resume, or another run's checkpoint.
+    It would overwrite that run's config record and checkpoints and mix its log rows with the new
+    run's (a rerun into the same folder, a SLURM requeue or a torchrun restart without resume=auto,
+    trainer.resume=OTHER_RUN/checkpoints/last.pt). Files no rank writes before all have joined."""
+    return not eval_only and (resume is None or resumes_another_run(run_dir, resume)) and holds_a_run(run_dir)
 
 
 def check_new_run_dir(run_dir: Path, eval_only: bool, resume: str | None) -> None:
     """The UserError of `refuses_new_run`, from the task (a failed job in a sweep, not its end)."""
     if refuses_new_run(run_dir, eval_only, resume):
+        started_from = f" starting from trainer.resume={resume}," if resume else ""
         raise UserError(
-            f"{run_dir} holds a run already; continue it with trainer.resume=auto, or give this run "
+            f"{run_dir} holds a run already; continue it with trainer.resume=auto, or give this run{started_from} "
             f"another hydra.run.dir (hydra.sweep.dir in a sweep)"
         )
 

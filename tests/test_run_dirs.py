@@ -118,8 +118,9 @@ def test_an_evaluation_in_a_run_killed_in_its_first_epoch_leaves_its_config(tmp_
 
 
 def test_a_new_run_in_a_runs_dir_is_refused_before_anything_is_written(tmp_path, capfd):
-    """Without trainer.resume, a second run in a run's dir (a rerun into the same folder, a SLURM
-    requeue) overwrote its config record and checkpoints and dropped its log rows: one line now."""
+    """Without trainer.resume, or resuming another run's checkpoint, a second run in a run's dir (a
+    rerun into the same folder, a SLURM requeue) overwrote its config record and checkpoints and
+    dropped or mixed its log rows: one line now."""
     run = tmp_path / "run"
     run_script("train.py", *TINY_SYNTHETIC, f"hydra.run.dir={run}", capfd=capfd)
     files = [p for p in run.rglob("*") if p.is_file() and p.name != "train.log"]
@@ -131,6 +132,13 @@ def test_a_new_run_in_a_runs_dir_is_refused_before_anything_is_written(tmp_path,
         f"error: {run} holds a run already; continue it with trainer.resume=auto, or give this run another "
         "hydra.run.dir (hydra.sweep.dir in a sweep)"
     ]
+    assert {p: p.read_bytes() for p in files} == kept and not (run / ".hydra-refused").exists()
+    # so is another run's checkpoint: its logs were trimmed to that checkpoint's epoch and mixed with this one's
+    other = tmp_path / "other"
+    run_script("train.py", *TINY_SYNTHETIC, f"hydra.run.dir={other}", capfd=capfd)
+    from_other = f"trainer.resume={other}/checkpoints/last.pt"
+    again = run_script("train.py", *TINY_SYNTHETIC, f"hydra.run.dir={run}", "trainer.epochs=2", from_other, capfd=capfd, check=False)
+    assert again.returncode == 2 and f"{run} holds a run already" in again.stderr, again.stderr[-2000:]
     assert {p: p.read_bytes() for p in files} == kept and not (run / ".hydra-refused").exists()
     resumed = run_script("train.py", *TINY_SYNTHETIC, f"hydra.run.dir={run}", "trainer.epochs=2", "trainer.resume=auto", capfd=capfd)
     assert resumed.returncode == 0 and read_json(run / "summary.json")["epochs_completed"] == 2
