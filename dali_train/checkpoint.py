@@ -94,6 +94,11 @@ def read_checkpoint(path: str | Path, key: str = "trainer.resume") -> dict[str, 
     p = Path(path)
     if not p.is_file():
         raise CheckpointError(f"{key}={path}: no such file")
+    if p.stat().st_size == 0:
+        raise CheckpointError(
+            f"{key}={path}: empty file (a machine crash while it was written?); try the other checkpoint of "
+            f"its folder (best.pt or last.pt)"
+        )
     try:
         return torch.load(p, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - any load failure means "not a checkpoint we can read safely"
@@ -101,6 +106,28 @@ def read_checkpoint(path: str | Path, key: str = "trainer.resume") -> dict[str, 
         raise CheckpointError(
             f"{key}={path}: not a checkpoint readable without running code ({type(e).__name__}: {reason})"
         ) from None
+
+
+def save_durably(state: dict[str, Any], tmp: Path, path: Path) -> None:
+    """torch.save to `tmp`, then rename it to `path`, each synced to disk first: after a machine crash
+    (power, a node lost) a file system may keep the rename but not the data, an empty `path` in
+    place of the previous checkpoint, which every requeue would then fail to read."""
+    torch.save(state, tmp)
+    _fsync(tmp)
+    os.replace(tmp, path)
+    _fsync(path.parent)  # the rename itself
+
+
+def _fsync(file_or_dir: Path) -> None:
+    fd = os.open(file_or_dir, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    except OSError as e:  # a directory on a file system that cannot sync one (EINVAL): nothing to do
+        if not file_or_dir.is_dir():
+            raise
+        log.debug("fsync %s: %s", file_or_dir, e)
+    finally:
+        os.close(fd)
 
 
 def _file_system_free(directory: Path) -> int:
@@ -195,8 +222,7 @@ class Checkpointer:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
         try:
-            torch.save(state, tmp)
-            os.replace(tmp, path)
+            save_durably(state, tmp, path)
         except (OSError, RuntimeError) as e:
             tmp.unlink(missing_ok=True)
             reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e).strip().splitlines()[-1][-120:]

@@ -14,7 +14,15 @@ import pytest
 import timm
 import torch
 
-from dali_train.checkpoint import Checkpointer, CheckpointError, CheckpointMeta, read_checkpoint, restore_rng, rng_state
+from dali_train.checkpoint import (
+    Checkpointer,
+    CheckpointError,
+    CheckpointMeta,
+    read_checkpoint,
+    restore_rng,
+    rng_state,
+    save_durably,
+)
 from dali_train.distributed import DistInfo
 from dali_train.engine import updates_per_epoch
 from dali_train.errors import UserError
@@ -126,3 +134,27 @@ def test_updates_per_epoch_counts_the_last_partial_accumulation():
     assert updates_per_epoch(25, None, 2) == 13
     assert updates_per_epoch(25, 4, 2) == 2  # trainer.max_steps_per_epoch caps the epoch
     assert updates_per_epoch(24, None, 2) == 12 and updates_per_epoch(1, None, 4) == 1
+
+
+def test_a_checkpoint_is_synced_to_disk_before_its_rename_and_the_rename_after(tmp_path, monkeypatch):
+    """Without a sync, a machine crash could keep the rename but not the data: an empty last.pt in
+    place of the previous one, which every requeue then failed to read."""
+    synced, real_fsync = [], os.fsync
+
+    def fsync(fd: int) -> None:  # the real fsync, recording what it synced
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    tmp, path = tmp_path / ".last.pt.tmp-1", tmp_path / "last.pt"
+    save_durably({"x": torch.ones(3)}, tmp, path)
+    assert synced == [str(tmp), str(tmp_path)] and not tmp.exists()
+    assert read_checkpoint(path)["x"].sum() == 3
+
+
+def test_an_empty_checkpoint_is_one_line_naming_the_other_one(tmp_path):
+    path = tmp_path / "last.pt"
+    path.write_bytes(b"")
+    with pytest.raises(UserError) as err:
+        read_checkpoint(path)
+    assert "\n" not in str(err.value) and "empty file" in str(err.value) and "best.pt" in str(err.value)
