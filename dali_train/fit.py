@@ -9,6 +9,7 @@ last.pt never claims an epoch whose row is missing (docs/reliability.md).
 
 from __future__ import annotations
 
+import json
 import logging
 import signal
 from dataclasses import dataclass, field
@@ -164,8 +165,13 @@ class Fit:
             log.warning(
                 "validation saw %d images, the val split has %d", metrics["samples"], self.loaders.num_val_files
             )
-        img_s = sum(s.img_per_s for s in epoch_stats) / max(len(epoch_stats), 1)
-        wait = sum(s.data_wait_frac for s in epoch_stats) / max(len(epoch_stats), 1)  # each: the max over ranks
+        if epoch_stats:
+            img_s = sum(s.img_per_s for s in epoch_stats) / len(epoch_stats)
+            wait = sum(s.data_wait_frac for s in epoch_stats) / len(epoch_stats)  # each: the max over ranks
+        else:  # eval only: none; a finished run resumed: its own (0.0 would say it never trained)
+            earlier = self.checkpointer.dir.parent / "summary.json"
+            ran = json.loads(earlier.read_text()) if earlier.is_file() and not tc.eval_only else {}
+            img_s, wait = ran.get("train_img_s"), ran.get("data_wait_frac")
         self.summary.update(
             val_top1=metrics["top1"],
             val_top5=metrics["top5"],

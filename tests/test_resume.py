@@ -92,6 +92,18 @@ def test_more_epochs_on_resume_continue_on_the_longer_schedule(small_root, train
     assert any(r["train/lr"] > 0.1 * 0.1 * 8 / 256 for r in logged)
 
 
+def test_a_finished_run_resumed_keeps_its_training_figures(small_root, trained, tmp_path):
+    """resume=auto on a finished run (a sweep rerun to finish its preempted jobs) validates again;
+    its summary's throughput and data wait were set to 0.0, the mean over no epoch."""
+    run = tmp_path / "run"
+    shutil.copytree(trained, run)
+    before = json.loads((run / "summary.json").read_text())
+    again = args(small_root, "trainer.epochs=1", f"trainer.max_steps_per_epoch={STEPS}", "trainer.ema=true")
+    after = run_inprocess([*again, "trainer.resume=auto"], run).summary
+    assert before["train_img_s"] > 0 and after["epochs_completed"] == before["epochs_completed"] == 1
+    assert (after["train_img_s"], after["data_wait_frac"]) == (before["train_img_s"], before["data_wait_frac"])
+
+
 def test_an_optimizer_change_on_resume_is_one_line(small_root, trained, tmp_path):
     resume = f"trainer.resume={trained / 'checkpoints' / 'last.pt'}"
     ended = run_inprocess(args(small_root, "optimizer=adamw", resume), tmp_path / "run", check=False)
