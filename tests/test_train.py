@@ -67,6 +67,22 @@ def test_two_processes_share_one_run_dir_count_val_exactly_and_validate_what_the
     assert alone.summary["val_loss"] == pytest.approx(summary["val_loss"], rel=1e-5, abs=1e-6)
 
 
+@pytest.mark.slow
+def test_ranks_whose_copies_of_the_data_differ_stop_before_training_in_one_line(small_root, tmp_path):
+    """Per-node copies, one missing a val file: each rank sharded its own list, so one val image
+    was counted twice and one never, and train files were read twice or not at all, silently."""
+    for rank in (0, 1):
+        shutil.copytree(small_root, tmp_path / "nodes" / str(rank))
+    missing = sorted((tmp_path / "nodes" / "1" / "val").glob("*/*.JPEG"))[0]
+    missing.unlink()
+    root = f"data.root={tmp_path / 'nodes'}/${{oc.env:LOCAL_RANK}}"
+    proc = run_train([*TINY, root, "trainer.epochs=1", "loader.batch_size=8"], nproc=2, cwd=tmp_path, check=False)
+    assert proc.returncode != 0 and not list(tmp_path.glob("outputs/*/*/metrics.jsonl")), proc.stdout[-2000:]
+    train, val = (len(list((tmp_path / "nodes" / "0" / split).glob("*/*.JPEG"))) for split in ("train", "val"))
+    expected = f"the ranks list different files (rank 0: {train} train / {val} val; rank 1: {train} train / {val - 1} val)"
+    assert expected in proc.stderr, proc.stderr[-2000:]
+
+
 def test_resume_continues_at_the_next_epoch(small_root, tmp_path):
     first, second = tmp_path / "a", tmp_path / "b"
     run_inprocess([*TINY, f"data.root={small_root}", "trainer.epochs=1"], first)

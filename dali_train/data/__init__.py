@@ -6,7 +6,9 @@ option's schema (`dali_train.config`), and picks the implementation by `loader.n
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -17,7 +19,7 @@ from typing import Protocol
 import torch
 
 from dali_train.config import DataConfig
-from dali_train.data.folder import DatasetError, ImageFolderDataset, scan_dataset, warn_excluded
+from dali_train.data.folder import DatasetError, ImageFolderDataset, Split, scan_dataset, warn_excluded
 from dali_train.data.order import padding_per_epoch, steps_per_epoch
 from dali_train.data.sample import make_image_folder
 from dali_train.data.sniff import find_bad_files
@@ -143,6 +145,30 @@ def _dali(dataset: ImageFolderDataset, loader: DaliCpuLoaderConfig, **common) ->
 FILE_LOADERS = {"dali": _dali, "dali_cpu": _dali, "pytorch": _pytorch}  # loader.name -> builder; plus synthetic
 
 
+def split_fingerprint(split: Split) -> str:
+    """A digest of a split's files (relative to its folder: per-node copies may sit elsewhere) and labels."""
+    digest = hashlib.sha1()
+    for path, label in zip(split.files, split.labels, strict=True):
+        digest.update(f"{os.path.relpath(path, split.root)}\0{label}\n".encode("utf-8", "surrogateescape"))
+    return digest.hexdigest()
+
+
+def check_ranks_see_one_dataset(dataset: ImageFolderDataset, dist: DistInfo) -> None:
+    """Every rank lists data.root itself; each shards the epoch's order and the val split from its
+    own list. Per-node copies that differ (an rsync that missed a file) made some images read twice
+    and others never, validation included, with no error (or a hang when the step counts differed)."""
+    if not dist.enabled:
+        return
+    mine = (len(dataset.train), len(dataset.val), split_fingerprint(dataset.train), split_fingerprint(dataset.val))
+    seen = all_gather_lists([mine], dist)
+    if len(set(seen)) > 1:
+        differ = ", ".join(f"rank {r}: {t} train / {v} val" for r, (t, v, _, _) in enumerate(seen) if seen[r] != seen[0])
+        raise DatasetError(
+            f"{dataset.train.root.parent}: the ranks list different files (rank 0: {seen[0][0]} train / "
+            f"{seen[0][1]} val; {differ}); every rank must see the same dataset (per-node copies must match)"
+        )
+
+
 def build_loaders(
     data: DataConfig,
     loader: LoaderConfig,
@@ -170,6 +196,7 @@ def build_loaders(
         files = dataset.train.files + dataset.val.files
         dataset = dataset.without(all_gather_lists(find_bad_files(files[dist.rank :: dist.world_size]), dist))
         warn_excluded(dataset)
+    check_ranks_see_one_dataset(dataset, dist)
     if len(dataset.val) < dist.world_size:  # an empty val shard: DALI refuses it, a DataLoader rank waits alone
         raise DatasetError(
             f"{dataset.val.root}: {len(dataset.val)} val files for {dist.world_size} processes; each needs at least one"
