@@ -81,15 +81,17 @@ def test_bad_files_are_skipped_with_their_reason_and_the_rest_decodes(bad_tree, 
     assert "truncated.JPEG" in caplog.text  # the warning names the file
 
 
-def test_cut_png_and_webp_files_and_riff_files_of_other_kinds_are_skipped(tmp_path):
-    """The formats besides JPEG are checked at their end too: a cut PNG or WebP passed the startup
-    check and stopped the run mid-epoch in both loaders; a WAV (also RIFF) passed as a WebP."""
+def test_cut_png_webp_and_bmp_files_and_riff_files_of_other_kinds_are_skipped(tmp_path):
+    """The formats besides JPEG are checked at their end too: a cut PNG, WebP or BMP passed the
+    startup check and stopped the run mid-epoch in both loaders; a WAV (also RIFF) passed as a WebP."""
     root = make_tree(tmp_path / "ds")
     a = root / "train" / "a"
     img = synthetic_image(0, "train", 1, 9, 2, 90, 70, 10)
     img.save(a / "ok.png")
     img.save(a / "ok.webp", format="WEBP")
-    png, webp = (a / "ok.png").read_bytes(), (a / "ok.webp").read_bytes()
+    img.save(a / "ok.bmp")
+    png, webp, bmp = ((a / f"ok.{ext}").read_bytes() for ext in ("png", "webp", "bmp"))
+    (a / "cut.bmp").write_bytes(bmp[: len(bmp) // 2])
     (a / "cut.png").write_bytes(png[: len(png) // 2])
     (a / "tail.png").write_bytes(png + bytes(100))  # bytes after IEND: decoders stop at IEND
     (a / "long_tail.png").write_bytes(png + bytes(5000))  # IEND not in the last KiB: still complete
@@ -101,9 +103,10 @@ def test_cut_png_and_webp_files_and_riff_files_of_other_kinds_are_skipped(tmp_pa
         "cut.png": "truncated PNG (no IEND chunk)",
         "cut.webp": "truncated WebP (shorter than its RIFF header says)",
         "sound.webp": "not an image (unknown header)",
+        "cut.bmp": "truncated BMP (shorter than its header says)",
     }
     kept = [f for f in ds.train.files if Path(f).suffix != ".JPEG"]
-    assert {Path(f).name for f in kept} == {"ok.png", "ok.webp", "tail.png", "long_tail.png"}
+    assert {Path(f).name for f in kept} == {"ok.png", "ok.webp", "ok.bmp", "tail.png", "long_tail.png"}
     for f in kept:
         with Image.open(f) as im:
             im.load()
