@@ -36,6 +36,7 @@ from PIL import Image
 from tqdm import tqdm
 
 from dali_train.cli import at_least
+from dali_train.data.dali_graph import decode_one_pipeline
 from dali_train.data.folder import list_images
 from dali_train.data.sniff import sniff
 
@@ -62,21 +63,9 @@ class DaliDecoder:
         self.pipe = None
         self.stderr = tempfile.TemporaryFile()
 
-    def _build(self):
-        from nvidia.dali import fn, pipeline_def, types
-
-        @pipeline_def(batch_size=1, num_threads=1, device_id=None, prefetch_queue_depth=1, exec_async=False, exec_pipelined=False)
-        def decode_one():
-            encoded = fn.external_source(name="encoded", dtype=types.UINT8, ndim=1)
-            return fn.decoders.image(encoded, device="cpu", output_type=types.RGB, adjust_orientation=False)  # as training
-
-        pipe = decode_one()
-        pipe.build()
-        return pipe
-
     def decode(self, path: str) -> tuple[bool, str]:
         """(decoded, the decoder's messages on one line)."""
-        self.pipe = self.pipe or self._build()
+        self.pipe = self.pipe or decode_one_pipeline()
         self.pipe.feed_input("encoded", [np.fromfile(path, dtype=np.uint8)])
         self.stderr.seek(0)
         self.stderr.truncate()

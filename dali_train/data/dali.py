@@ -19,7 +19,14 @@ import numpy as np
 import torch
 from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
 
-from dali_train.data.dali_graph import Placement, list_lines, reader_source, train_pipeline, val_pipeline
+from dali_train.data.dali_graph import (
+    Placement,
+    decode_one_pipeline,
+    list_lines,
+    reader_source,
+    train_pipeline,
+    val_pipeline,
+)
 from dali_train.data.folder import EXCLUDE_HINT, DatasetError, Split
 from dali_train.data.order import EpochOrder, contiguous_shard, epoch_order, steps_per_epoch
 from dali_train.data.transform import Transform
@@ -169,7 +176,8 @@ class DaliLoader:
 
     def _decode_error(self, done: int, e: RuntimeError) -> UserError:
         """A one-line error naming the file(s) DALI could not decode: the one its message names, or
-        those PIL cannot decode among the failed batch and the ones DALI had prefetched with it.
+        those PIL (else DALI's CPU decoder, one by one) cannot decode among the failed batch and the
+        ones DALI had prefetched with it.
         With neither, the failure is not a file's (memory, say): DALI's reason, no file blamed."""
         from PIL import Image
 
@@ -187,6 +195,7 @@ class DaliLoader:
                     im.load()
             except Exception:  # noqa: BLE001 - any failure marks the file
                 bad.append(path)
+        bad = bad or dali_cannot_decode(candidates)  # files PIL reads and DALI does not (a 1-bit TIFF)
         where = f"epoch {self.epoch}, batch {self.start_step + done}" if self.train else f"validation batch {done}"
         if not bad:
             return UserError(
@@ -195,6 +204,21 @@ class DaliLoader:
             )
         what = ", ".join(bad[:3]) + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
         return DatasetError(f"DALI could not decode {what} ({where}); {EXCLUDE_HINT}")
+
+
+def dali_cannot_decode(paths: list[str]) -> list[str]:
+    """Those of `paths` that DALI's CPU decoder fails on, one at a time (an error path: seconds for
+    the few hundred files of a failed batch and its prefetched ones)."""
+    bad, pipe = [], None
+    for path in paths:
+        pipe = pipe or decode_one_pipeline()
+        pipe.feed_input("encoded", [np.fromfile(path, dtype=np.uint8)])
+        try:
+            pipe.run()
+        except RuntimeError:
+            bad.append(path)
+            pipe = None
+    return bad
 
 
 def dali_reason(e: RuntimeError) -> str:

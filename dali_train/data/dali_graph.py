@@ -160,3 +160,18 @@ def val_pipeline(source, shard_id, num_shards, placement, settings, t):
         images = fn.resize(images, resize_shorter=t.val_resize, interp_type=types.INTERP_TRIANGULAR)
     images = _normalize(images, t, crop=(t.val_size, t.val_size))
     return images, labels.gpu() if placement.gpu_post else labels
+
+
+def decode_one_pipeline():
+    """A built batch-of-one pipeline through DALI's CPU decoder, fed with `feed_input("encoded",
+    [bytes as uint8])`: which file DALI cannot decode, one at a time, synchronously (a failed run
+    leaves the pipeline unusable: build another)."""
+
+    @pipeline_def(batch_size=1, num_threads=1, device_id=None, prefetch_queue_depth=1, exec_async=False, exec_pipelined=False)
+    def decode_one():
+        encoded = fn.external_source(name="encoded", dtype=types.UINT8, ndim=1)
+        return fn.decoders.image(encoded, device="cpu", output_type=types.RGB, adjust_orientation=False)  # as training
+
+    pipe = decode_one()
+    pipe.build()
+    return pipe

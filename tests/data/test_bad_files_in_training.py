@@ -6,6 +6,7 @@ from __future__ import annotations
 import shutil
 
 import torch
+from PIL import Image
 
 from tests.conftest import TINY, InProcessRun, exit_code, run_inprocess
 from tests.data.test_loaders import plant
@@ -38,3 +39,17 @@ def test_a_damaged_val_file_is_one_line_naming_it(small_root, tmp_path):
     args = [*TINY, f"data.root={data}", "trainer.epochs=1", "loader=dali_cpu"]
     error = error_lines(run_inprocess(args, tmp_path / "run", check=False))
     assert len(error) == 1 and bad in error[0] and "validation" in error[0], error
+
+
+def test_a_file_pil_reads_and_dali_does_not_is_named(small_root, tmp_path):
+    """A 1-bit TIFF as PIL writes it (no BitsPerSample: DALI refuses it) passes the startup check
+    and PIL's decode: the error named no file among the batch's candidates (768 at batch 256)."""
+    data = tmp_path / "data"
+    shutil.copytree(small_root, data)
+    bad = data / "val" / "n00000006" / "onebit.tif"
+    image = Image.new("1", (64, 48))
+    image.paste(1, (0, 0, 32, 48))
+    image.save(bad)
+    args = [*TINY, f"data.root={data}", "trainer.epochs=1", "loader=dali_cpu"]
+    error = error_lines(run_inprocess(args, tmp_path / "run", check=False))
+    assert len(error) == 1 and str(bad) in error[0] and "validation" in error[0], error
