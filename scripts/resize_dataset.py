@@ -18,22 +18,13 @@ import sys
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-import numpy as np
 from PIL import Image
 from tqdm import tqdm
 
 from dali_train.cli import at_least
+from dali_train.data.pil_image import as_rgb
 
 EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp")
-
-
-def as_rgb(im: Image.Image) -> Image.Image:
-    """8-bit RGB. A 16-bit grayscale image (PNG, TIFF: PIL's modes I;16 and I) is scaled to 8 bits as
-    decoders do; PIL's convert would clip it at 255 (a gradient came out white)."""
-    if im.mode in ("I", "I;16", "I;16B", "I;16L", "I;16N"):
-        levels = np.asarray(im).astype(np.float64) / 257
-        im = Image.fromarray(levels.clip(0, 255).round().astype(np.uint8))  # mode L
-    return im.convert("RGB")
 
 
 def resize_one(job: tuple[str, str, int, int]) -> str | None:

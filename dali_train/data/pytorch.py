@@ -16,11 +16,11 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 from torchvision import transforms as T
-from torchvision.datasets.folder import default_loader
 from torchvision.transforms import functional as TF
 
 from dali_train.data.folder import EXCLUDE_HINT, DatasetError, Split
 from dali_train.data.order import contiguous_shard, epoch_order, steps_per_epoch
+from dali_train.data.pil_image import load_rgb
 from dali_train.data.transform import Transform
 from dali_train.distributed import DistInfo
 
@@ -38,7 +38,7 @@ class FileListDataset(Dataset):
     def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
         path = self.split.files[i]
         try:
-            image = default_loader(path)
+            image = load_rgb(path)
         # what PIL raises for unreadable/undecodable files, and for sizes past its decompression-bomb limit
         except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as e:
             raise DatasetError(f"could not decode {path}: {e}") from None

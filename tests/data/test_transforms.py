@@ -48,6 +48,21 @@ def test_exif_orientation_is_ignored_by_every_loader(tmp_path):
     assert (a[:, 0, :, -1] - a[:, 0, :, 0]).mean() > 2  # red still rises left to right: not turned
 
 
+def test_16_bit_grayscale_reads_the_same_in_every_loader(tmp_path):
+    """A 16-bit grayscale PNG (a gradient over the 16-bit range): DALI scales it to 8 bits, PIL's
+    convert("RGB") clipped it at 255, so loader=pytorch saw it almost white."""
+    ramp = torch.linspace(0, 65535, 96).to(torch.int32).expand(48, 96).contiguous()
+    for split in ("train", "val"):
+        for c in range(2):
+            (tmp_path / split / f"c{c}").mkdir(parents=True)
+            for i in range(2):
+                Image.fromarray(ramp.numpy().astype("uint16")).save(tmp_path / split / f"c{c}" / f"{i}.png")
+    common = [*STRETCH, "data.val_resize_mode=whole", "data.val_resize=32"]
+    a = first_val_batch(tmp_path, "loader=dali_cpu", *common)
+    b = first_val_batch(tmp_path, "loader=pytorch", "loader.num_workers=0", *common)
+    assert (a - b).abs().mean().item() < 0.05, (a.mean().item(), b.mean().item())
+
+
 @pytest.mark.parametrize("mode, resize", [("whole", 32), ("shorter", 32)])
 def test_val_resize_mode_agrees_between_dali_and_pytorch(wide_root, mode, resize):
     common = [*STRETCH, f"data.val_resize_mode={mode}", f"data.val_resize={resize}"]
