@@ -42,6 +42,8 @@ from dali_train.distributed import (
     StopFlag,
     barrier,
     init_distributed,
+    post_ending,
+    posted_ending,
     read_launch_env,
     restart_count,
     set_collective_timeout,
@@ -86,6 +88,13 @@ def run(cfg: DictConfig) -> float:
     except Exception as e:
         shape = RunShape(cfg.model.name, cfg.loader.batch_size, cfg.trainer.grad_accum_steps, summary.get("device"))
         ending = ending_for(e, shape, cfg.trainer.dist_timeout_s, training="epochs_completed" in summary)
+        if ending is not None:
+            post_ending(dist, ending.state, ending.exit_code, ending.message)
+        if dist.enabled and (ending is None or ending.state == "collective timed out"):
+            # another rank's ending reaches this one as a failed or timed-out collective: say its cause
+            if (posted := posted_ending(dist)) is not None:
+                rank, state, code, message = posted
+                ending = Ending(state, code, f"rank {rank}: {message}")
         if ending is None:  # a bug: its traceback follows from Hydra
             end_run(writer, summary, Ending("crashed", 1, f"{type(e).__name__}: {e}"), started)
             raise

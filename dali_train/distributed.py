@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -186,6 +187,37 @@ def all_reduce_max(value: float, info: DistInfo) -> float:
 def barrier(info: DistInfo) -> None:
     if info.enabled:
         torch_dist.barrier()
+
+
+def _ending_key(rank: int) -> str:
+    return f"dali_train/attempt_{restart_count()}/ended/{rank}"
+
+
+def post_ending(info: DistInfo, state: str, exit_code: int, message: str) -> None:
+    """This rank's ending, where rank 0 can read it: when another rank ends first, rank 0 (which
+    writes summary.json) sees only its own collective fail ("Connection closed by peer")."""
+    if not info.enabled:
+        return
+    try:
+        _rendezvous_store(info).set(_ending_key(info.rank), f"{state}\t{exit_code}\t{message}")
+    except Exception as e:  # noqa: BLE001 - the store gone too: this rank's log still says it
+        print(f"[rank {info.rank}] could not post its ending: {e}", file=sys.stderr)
+
+
+def posted_ending(info: DistInfo, wait_s: float = 2.0) -> tuple[int, str, int, str] | None:
+    """(rank, state, exit code, message) of another rank's posted ending, waiting up to `wait_s`
+    for one (it posts before it exits, and its exit is what failed this rank's collective)."""
+    if not info.enabled:
+        return None
+    store, deadline = _rendezvous_store(info), time.monotonic() + wait_s
+    while True:
+        for rank in range(info.world_size):
+            if rank != info.rank and store.check([_ending_key(rank)]):
+                state, code, message = store.get(_ending_key(rank)).decode().split("\t", 2)
+                return rank, state, int(code), message
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(0.1)
 
 
 def shutdown() -> None:

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from tests.conftest import TINY, exit_code, read_json, run_inprocess, run_script, run_train
+from tests.data.test_loaders import plant
 
 SUMMARY_KEYS = {"val_top1", "val_top5", "best_val_top1", "val_samples", "epochs", "world_size", "train_img_s"}
 EPOCH_KEYS = {"epoch", "train_loss", "val_loss", "val_top1", "val_top5", "train_img_s", "lr", "next_epoch_wait_s"}
@@ -81,6 +82,24 @@ def test_ranks_whose_copies_of_the_data_differ_stop_before_training_in_one_line(
     train, val = (len(list((tmp_path / "nodes" / "0" / split).glob("*/*.JPEG"))) for split in ("train", "val"))
     expected = f"the ranks list different files (rank 0: {train} train / {val} val; rank 1: {train} train / {val - 1} val)"
     assert expected in proc.stderr, proc.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_an_error_on_rank_1_is_what_rank_0_reports(small_root, tmp_path):
+    """Rank 1 cannot decode its files (its copy has the same names, every train JPEG damaged):
+    rank 0, which writes summary.json, saw only its collective fail ("Connection closed by peer")
+    and recorded a crash with a traceback and exit 1. It now says rank 1's cause, exit 2."""
+    for rank in (0, 1):
+        shutil.copytree(small_root, tmp_path / "nodes" / str(rank))
+    for path in (tmp_path / "nodes" / "1" / "train").glob("*/*.JPEG"):
+        plant(str(path))
+    root = f"data.root={tmp_path / 'nodes'}/${{oc.env:LOCAL_RANK}}"
+    run = tmp_path / "run"
+    args = [*TINY, root, "trainer.epochs=1", "loader.batch_size=8", "data.verify_files=false", f"hydra.run.dir={run}"]
+    proc = run_train(args, nproc=2, cwd=tmp_path, check=False)
+    summary = read_json(run / "summary.json")
+    assert summary["end_state"] == "bad file" and summary["end_message"].startswith("rank 1: DALI could not decode ")
+    assert "[rank0]: Traceback" not in proc.stderr and "crashed" not in proc.stdout + proc.stderr, proc.stderr[-3000:]
 
 
 def test_resume_continues_at_the_next_epoch(small_root, tmp_path):
