@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -147,10 +146,9 @@ FILE_LOADERS = {"dali": _dali, "dali_cpu": _dali, "pytorch": _pytorch}  # loader
 
 def split_fingerprint(split: Split) -> str:
     """A digest of a split's files (relative to its folder: per-node copies may sit elsewhere) and labels."""
-    digest = hashlib.sha1()
-    for path, label in zip(split.files, split.labels, strict=True):
-        digest.update(f"{os.path.relpath(path, split.root)}\0{label}\n".encode("utf-8", "surrogateescape"))
-    return digest.hexdigest()
+    cut = len(str(split.root)) + 1  # files are split.root/CLASS/NAME: slicing, not relpath (1.28M files here: 0.4 s, not 4)
+    lines = "".join(f"{path[cut:]}\0{label}\n" for path, label in zip(split.files, split.labels, strict=True))
+    return hashlib.sha1(lines.encode("utf-8", "surrogateescape")).hexdigest()
 
 
 def check_ranks_see_one_dataset(dataset: ImageFolderDataset, dist: DistInfo) -> None:
