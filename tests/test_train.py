@@ -71,15 +71,22 @@ def test_two_processes_share_one_run_dir_count_val_exactly_and_validate_what_the
 @pytest.mark.slow
 def test_ranks_whose_copies_of_the_data_differ_stop_before_training_in_one_line(small_root, tmp_path):
     """Per-node copies, one missing a val file: each rank sharded its own list, so one val image
-    was counted twice and one never, and train files were read twice or not at all, silently."""
+    was counted twice and one never, and train files were read twice or not at all, silently.
+    Identical copies at other paths, with the same bad file, train as one."""
     for rank in (0, 1):
         shutil.copytree(small_root, tmp_path / "nodes" / str(rank))
+        good = sorted((tmp_path / "nodes" / str(rank) / "train").glob("*/*.JPEG"))[0]
+        good.write_bytes(good.read_bytes()[:500])  # the same cut file in both: skipped by both, not a difference
+    root = f"data.root={tmp_path / 'nodes'}/${{oc.env:LOCAL_RANK}}"
+    args = [*TINY, root, "trainer.epochs=1", "loader.batch_size=8"]
+    same = run_train([*args, f"hydra.run.dir={tmp_path / 'same'}"], nproc=2, cwd=tmp_path, check=False)
+    assert same.returncode == 0 and read_json(tmp_path / "same" / "summary.json")["end_state"] == "completed", same.stderr[-2000:]
     missing = sorted((tmp_path / "nodes" / "1" / "val").glob("*/*.JPEG"))[0]
     missing.unlink()
-    root = f"data.root={tmp_path / 'nodes'}/${{oc.env:LOCAL_RANK}}"
-    proc = run_train([*TINY, root, "trainer.epochs=1", "loader.batch_size=8"], nproc=2, cwd=tmp_path, check=False)
+    proc = run_train(args, nproc=2, cwd=tmp_path, check=False)
     assert proc.returncode != 0 and not list(tmp_path.glob("outputs/*/*/metrics.jsonl")), proc.stdout[-2000:]
     train, val = (len(list((tmp_path / "nodes" / "0" / split).glob("*/*.JPEG"))) for split in ("train", "val"))
+    train -= 1  # the cut one
     expected = f"the ranks list different files (rank 0: {train} train / {val} val; rank 1: {train} train / {val - 1} val)"
     assert expected in proc.stderr, proc.stderr[-2000:]
 

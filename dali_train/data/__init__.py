@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -190,9 +191,12 @@ def build_loaders(
         prepare_sample_data(data.root, dist)
     dataset = scan_dataset(data.root, exclude_list=data.exclude_list, verify=False)
     if data.verify_files:
-        # Each rank checks 1/world of the files; all ranks then drop the union of what was found.
+        # Each rank checks 1/world of the files; all ranks then drop the union of what was found,
+        # exchanged relative to data.root: per-node copies of the data may sit at other paths.
         files = dataset.train.files + dataset.val.files
-        dataset = dataset.without(all_gather_lists(find_bad_files(files[dist.rank :: dist.world_size]), dist))
+        root = str(dataset.train.root.parent)
+        mine = [(path[len(root) + 1 :], why) for path, why in find_bad_files(files[dist.rank :: dist.world_size])]
+        dataset = dataset.without([(os.path.join(root, rel), why) for rel, why in all_gather_lists(mine, dist)])
         warn_excluded(dataset)
     check_ranks_see_one_dataset(dataset, dist)
     if len(dataset.val) < dist.world_size:  # an empty val shard: DALI refuses it, a DataLoader rank waits alone
