@@ -92,7 +92,7 @@ def run(cfg: DictConfig) -> float:
             post_ending(dist, ending.state, ending.exit_code, ending.message)
         if dist.enabled and (ending is None or ending.state == "collective timed out"):
             # another rank's ending reaches this one as a failed or timed-out collective: say its cause
-            if (posted := posted_ending(dist)) is not None:
+            if (posted := posted_ending(dist, not_causes=("collective timed out",))) is not None:
                 rank, state, code, message = posted
                 ending = Ending(state, code, f"rank {rank}: {message}")
         if ending is None:  # a bug: its traceback follows from Hydra

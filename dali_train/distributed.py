@@ -204,20 +204,26 @@ def post_ending(info: DistInfo, state: str, exit_code: int, message: str) -> Non
         print(f"[rank {info.rank}] could not post its ending: {e}", file=sys.stderr)
 
 
-def posted_ending(info: DistInfo, wait_s: float = 2.0) -> tuple[int, str, int, str] | None:
+def posted_ending(info: DistInfo, wait_s: float = 2.0, *, not_causes: tuple[str, ...] = ()) -> tuple[int, str, int, str] | None:
     """(rank, state, exit code, message) of another rank's posted ending, waiting up to `wait_s`
-    for one (it posts before it exits, and its exit is what failed this rank's collective)."""
+    for one (it posts before it exits, and its exit is what failed this rank's collective). States
+    in `not_causes` (another rank that only waited, as this one did) are passed over. None when
+    none was posted, or the store is gone (under srun it lives in rank 0's process)."""
     if not info.enabled:
         return None
-    store, deadline = _rendezvous_store(info), time.monotonic() + wait_s
-    while True:
-        for rank in range(info.world_size):
-            if rank != info.rank and store.check([_ending_key(rank)]):
-                state, code, message = store.get(_ending_key(rank)).decode().split("\t", 2)
-                return rank, state, int(code), message
-        if time.monotonic() > deadline:
-            return None
-        time.sleep(0.1)
+    try:
+        store, deadline = _rendezvous_store(info), time.monotonic() + wait_s
+        while True:
+            for rank in range(info.world_size):
+                if rank != info.rank and store.check([_ending_key(rank)]):
+                    state, code, message = store.get(_ending_key(rank)).decode().split("\t", 2)
+                    if state not in not_causes:
+                        return rank, state, int(code), message
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(0.1)
+    except Exception:  # noqa: BLE001 - in an error path: this rank's own ending stands
+        return None
 
 
 def shutdown() -> None:

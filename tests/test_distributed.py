@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import datetime as dt
 import os
 import subprocess
 import sys
@@ -126,3 +127,33 @@ def test_a_launch_without_master_addr_gets_torchs_message(tmp_path):
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode != 0
     assert "MASTER_ADDR expected, but not set" in done.stderr.splitlines()[-1], done.stderr[-2000:]
+
+
+def test_rank_0_reads_the_ending_that_caused_its_failure_not_one_that_only_waited(monkeypatch):
+    """Endings go through a real TCPStore (the launcher's, in a run; here in a process of its own).
+    Rank 1 only timed out waiting, as rank 0 did; rank 2's bad file is the cause. Once the store's
+    process is gone (under srun it is rank 0's), a rank reading it keeps its own ending."""
+    import torch.distributed as torch_dist
+
+    from dali_train import distributed
+
+    host = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time, torch.distributed as d; s = d.TCPStore('127.0.0.1', 0, "
+         "is_master=True, wait_for_workers=False); print(s.port, flush=True); time.sleep(60)"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        port = int(host.stdout.readline())
+        store = torch_dist.TCPStore("127.0.0.1", port, is_master=False, timeout=dt.timedelta(seconds=5))
+        monkeypatch.setattr(distributed, "_store", store)
+        distributed.post_ending(DistInfo(1, 1, 3), "collective timed out", 2, "waited 3 s")
+        distributed.post_ending(DistInfo(2, 2, 3), "bad file", 2, "DALI could not decode x.JPEG")
+        rank0 = DistInfo(0, 0, 3)
+        assert distributed.posted_ending(rank0, not_causes=("collective timed out",)) == (
+            2, "bad file", 2, "DALI could not decode x.JPEG"
+        )  # fmt: skip
+        assert distributed.posted_ending(rank0)[0] == 1  # without the filter: the first posted
+    finally:
+        host.kill()
+        host.wait()
+    assert distributed.posted_ending(DistInfo(1, 1, 3), wait_s=0.2) is None
