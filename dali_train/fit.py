@@ -158,6 +158,13 @@ class Fit:
             self.best_top1 = max(self.best_top1, metrics["top1"])
         return self._finish(metrics, epoch_stats, end_epoch)
 
+    def _earlier_summary(self) -> dict:
+        """This run dir's summary.json as an earlier job left it; {} if none or unreadable (a crash mid-write)."""
+        try:
+            return json.loads((self.checkpointer.dir.parent / "summary.json").read_text())
+        except (OSError, ValueError):
+            return {}
+
     def _finish(self, metrics: dict, epoch_stats: list[EpochStats], end_epoch: int) -> Ending:
         """The summary's final figures and the run's last line: completed, or this job's share done."""
         tc = self.trainer
@@ -169,8 +176,7 @@ class Fit:
             img_s = sum(s.img_per_s for s in epoch_stats) / len(epoch_stats)
             wait = sum(s.data_wait_frac for s in epoch_stats) / len(epoch_stats)  # each: the max over ranks
         else:  # eval only: none; a finished run resumed: its own (0.0 would say it never trained)
-            earlier = self.checkpointer.dir.parent / "summary.json"
-            ran = json.loads(earlier.read_text()) if earlier.is_file() and not tc.eval_only else {}
+            ran = {} if tc.eval_only else self._earlier_summary()
             img_s, wait = ran.get("train_img_s"), ran.get("data_wait_frac")
         self.summary.update(
             val_top1=metrics["top1"],

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -203,7 +204,10 @@ class MetricsWriter:
     def summary(self, record: dict[str, Any]) -> None:
         if self.enabled:
             tmp = self.run_dir / f".{self.summary_name}.tmp"
-            tmp.write_text(json_text(record, indent=2) + "\n")
+            with open(tmp, "w") as f:  # synced before the rename: a machine crash leaves the old one, not an empty one
+                f.write(json_text(record, indent=2) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
             tmp.replace(self.run_dir / self.summary_name)
 
     def close(self) -> None:

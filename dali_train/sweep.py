@@ -48,7 +48,10 @@ def collect(multirun_dir: Path, since: float | None = None) -> list[dict[str, An
         overrides_file = job_dir / ".hydra" / "overrides.yaml"
         overrides = (yaml.safe_load(overrides_file.read_text()) if overrides_file.is_file() else None) or []
         summary = job_dir / "summary.json"
-        ended = json.loads(summary.read_text()) if summary.is_file() else {"end_state": NO_SUMMARY}
+        try:
+            ended = json.loads(summary.read_text()) if summary.is_file() else {"end_state": NO_SUMMARY}
+        except (OSError, ValueError) as e:  # cut short by a crash: the others are listed all the same
+            ended = {"end_state": f"unreadable summary.json ({type(e).__name__})"}
         if since is not None and summary.is_file() and summary.stat().st_mtime < since:
             ended["end_state"] = EARLIER  # its numbers are that run's, outside every mean
         jobs.append((job_dir.name, overrides, ended))

@@ -102,6 +102,8 @@ def test_a_finished_run_resumed_keeps_its_training_figures(small_root, trained, 
     after = run_inprocess([*again, "trainer.resume=auto"], run).summary
     assert before["train_img_s"] > 0 and after["epochs_completed"] == before["epochs_completed"] == 1
     assert (after["train_img_s"], after["data_wait_frac"]) == (before["train_img_s"], before["data_wait_frac"])
+    (run / "summary.json").write_text("")  # a machine crash while it was written: resumed all the same
+    assert run_inprocess([*again, "trainer.resume=auto"], run).summary["end_state"] == "completed"
 
 
 def test_an_optimizer_change_on_resume_is_one_line(small_root, trained, tmp_path):

@@ -125,24 +125,26 @@ def test_a_job_that_ended_early_is_marked_and_left_out_of_the_mean_over_seeds(tm
     ranks first (lr 0.1's one lucky seed used to be named the best mean; the killed job was left out)."""
     jobs = [("0", "0.1", "0", 70.0, "completed"), ("1", "0.1", "1", 30.0, "stopped by signal"),
             ("2", "0.2", "0", 60.0, "completed"), ("3", "0.2", "1", 62.0, "completed"),
-            ("4", "0.3", "0", None, None)]  # fmt: skip
+            ("4", "0.3", "0", None, None), ("5", "0.4", "0", None, "")]  # fmt: skip
     for job, lr, seed, top1, state in jobs:
         (tmp_path / job / ".hydra").mkdir(parents=True)
         (tmp_path / job / ".hydra" / "overrides.yaml").write_text(f"- optimizer.lr={lr}\n- seed={seed}\n")
         summary = {"val_top1": top1, "best_val_top1": top1, "end_state": state, "epochs_completed": 1}
-        if state is not None:  # job 4: SIGKILL, no summary.json
-            (tmp_path / job / "summary.json").write_text(json.dumps(summary))
+        if state is not None:  # job 4: SIGKILL, no summary.json; job 5: an empty one (a machine crash)
+            (tmp_path / job / "summary.json").write_text(json.dumps(summary) if state else "")
     write_sweep_summary(tmp_path)
     text = (tmp_path / "sweep_summary.md").read_text()
-    assert "5 jobs" in text
+    assert "6 jobs" in text
     settings = [line.split(" | ") for line in text.split("## By setting")[1].splitlines() if line.startswith("| optimizer.lr=")]
     assert [(s[0], s[2], s[3]) for s in settings] == [
         ("| optimizer.lr=0.2", "60.00 / 62.00", "61.00"),
         ("| optimizer.lr=0.1", "70.00 / 30.00 (stopped by signal)", "70.00 (1 of 2)"),
         ("| optimizer.lr=0.3", " (no summary.json (killed, running, or failed before training))", " (0 of 1)"),
+        ("| optimizer.lr=0.4", " (unreadable summary.json (JSONDecodeError))", " (0 of 1)"),
     ]
     assert {r["end_state"] for r in csv.DictReader(open(tmp_path / "sweep_summary.csv"))} == {
-        "completed", "stopped by signal", "no summary.json (killed, running, or failed before training)"
+        "completed", "stopped by signal", "no summary.json (killed, running, or failed before training)",
+        "unreadable summary.json (JSONDecodeError)",
     }  # fmt: skip
 
 
