@@ -56,7 +56,7 @@ from dali_train.errors import UserError
 from dali_train.fit import Fit
 from dali_train.logs import MetricsWriter, setup_logging
 from dali_train.parts import build_train_parts
-from dali_train.run_dirs import evaluates_a_run, refuse_new_run_over_run
+from dali_train.run_dirs import continues_its_run, evaluates_a_run, refuse_new_run_over_run
 from dali_train.sweep import write_sweep_summary
 
 log = logging.getLogger("dali_train")
@@ -179,7 +179,8 @@ def train(cfg: DictConfig, dist: DistInfo, run_dir: Path, writer: MetricsWriter,
     if not tc.eval_only:  # its temp-file cleanup could delete a checkpoint a running trainer is writing
         checkpointer.prepare(parts)
     start_epoch, start_step, best_top1 = 0, 0, float("-inf")
-    resume = checkpointer.resolve(tc.resume)
+    continuing = not tc.eval_only and continues_its_run(run_dir, tc.resume)  # a later job: its own last.pt
+    resume = checkpointer.resolve("auto" if continuing else tc.resume)
     if tc.eval_only and not resume and not c.model.pretrained:
         raise UserError(
             f"trainer.eval_only=true trainer.resume={tc.resume}: no {checkpointer.path('last.pt')}, nothing to evaluate"

@@ -8,9 +8,11 @@ and the task refuses (`refuse_new_run_over_run`), so a sweep loses one job, not 
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
+import yaml
 from hydra.core.hydra_config import HydraConfig
 
 from dali_train.distributed import read_launch_env
@@ -28,18 +30,45 @@ REFUSED_RECORD_DIR = ".hydra-refused"  # where a refused new run's record goes (
 
 
 def resumes_another_run(run_dir: Path, resume: str | None) -> bool:
-    """trainer.resume names a checkpoint outside run_dir/checkpoints/: another run's."""
+    """trainer.resume names a checkpoint outside run_dir/checkpoints/: another run's (samefile: a
+    bind mount or a symlink may name this run's folder another way)."""
     if resume in (None, "auto"):
         return False
-    return (run_dir / "checkpoints").resolve() not in Path(resume).resolve().parents
+    try:
+        return not os.path.samefile(Path(resume).parent, run_dir / "checkpoints")
+    except OSError:  # either folder missing
+        return True
+
+
+def started_from(run_dir: Path) -> str | None:
+    """The trainer.resume of the run in run_dir, as its config record has it (None: none, or no record)."""
+    try:
+        config = yaml.safe_load((run_dir / ".hydra" / "config.yaml").read_text()) or {}
+    except (OSError, yaml.YAMLError):
+        return None
+    return (config.get("trainer") or {}).get("resume")
+
+
+def continues_its_run(run_dir: Path, resume: str | None) -> bool:
+    """A later job of a run started from another run's checkpoint (a requeue, the next job of
+    trainer.epochs_per_job, a torchrun restart): the same command, so the same trainer.resume, in a
+    dir whose run was started with it and has a last.pt of its own, which it goes on from."""
+    return (
+        resumes_another_run(run_dir, resume)
+        and (run_dir / "checkpoints" / "last.pt").is_file()
+        and started_from(run_dir) == resume
+    )
 
 
 def refuses_new_run(run_dir: Path, eval_only: bool, resume: str | None) -> bool:
-    """A new training run in a dir that holds a run: no trainer.resume, or another run's checkpoint.
-    It would overwrite that run's config record and checkpoints and mix its log rows with the new
-    run's (a rerun into the same folder, a SLURM requeue or a torchrun restart without resume=auto,
-    trainer.resume=OTHER_RUN/checkpoints/last.pt). Files no rank writes before all have joined."""
-    return not eval_only and (resume is None or resumes_another_run(run_dir, resume)) and holds_a_run(run_dir)
+    """A new training run in a dir that holds a run: no trainer.resume, or another run's checkpoint
+    (unless it `continues_its_run`). It would overwrite that run's config record and checkpoints and
+    mix its log rows with the new run's (a rerun into the same folder, a SLURM requeue or a torchrun
+    restart without resume=auto, trainer.resume=OTHER_RUN/checkpoints/last.pt). Files no rank writes
+    before all have joined."""
+    if eval_only or not holds_a_run(run_dir):
+        return False
+    return resume is None or (resumes_another_run(run_dir, resume) and not continues_its_run(run_dir, resume))
 
 
 def check_new_run_dir(run_dir: Path, eval_only: bool, resume: str | None) -> None:

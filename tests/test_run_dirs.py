@@ -140,6 +140,14 @@ def test_a_new_run_in_a_runs_dir_is_refused_before_anything_is_written(tmp_path,
     again = run_script("train.py", *TINY_SYNTHETIC, f"hydra.run.dir={run}", "trainer.epochs=2", from_other, capfd=capfd, check=False)
     assert again.returncode == 2 and f"{run} holds a run already" in again.stderr, again.stderr[-2000:]
     assert {p: p.read_bytes() for p in files} == kept and not (run / ".hydra-refused").exists()
+    # but a run started from the other's checkpoint goes on from its own last.pt in its later jobs
+    # (the same command: a requeue, trainer.epochs_per_job, a torchrun restart)
+    chained = [*TINY_SYNTHETIC, f"hydra.run.dir={tmp_path / 'chained'}", "trainer.epochs=3", "trainer.epochs_per_job=1", from_other]
+    first = run_script("train.py", *chained, capfd=capfd)
+    assert "resumed from " + str(other) in first.stdout + first.stderr
+    second = run_script("train.py", *chained, capfd=capfd)
+    assert f"resumed from {tmp_path / 'chained'}/checkpoints/last.pt at epoch 2" in second.stdout + second.stderr
+    assert read_json(tmp_path / "chained" / "summary.json")["end_state"] == "completed"
     resumed = run_script("train.py", *TINY_SYNTHETIC, f"hydra.run.dir={run}", "trainer.epochs=2", "trainer.resume=auto", capfd=capfd)
     assert resumed.returncode == 0 and read_json(run / "summary.json")["epochs_completed"] == 2
 
