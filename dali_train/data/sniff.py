@@ -45,7 +45,7 @@ def sniff(path: str) -> str | None:
             return "truncated PNG (no IEND chunk)"
         if kind == "webp" and int.from_bytes(head[4:8], "little") + 8 > size:  # RIFF's own length
             return "truncated WebP (shorter than its RIFF header says)"
-        if kind == "bmp" and int.from_bytes(head[2:6], "little") > size:  # bfSize (0 from some writers: unchecked)
+        if kind == "bmp" and _bmp_pixels_end(os.pread(fd, 34, 0)) > size:
             return "truncated BMP (shorter than its header says)"
         if kind == "jpeg":
             problem, scan_start = _jpeg_headers_problem(fd, size)
@@ -57,6 +57,20 @@ def sniff(path: str) -> str | None:
     finally:
         os.close(fd)
     return None
+
+
+def _bmp_pixels_end(head: bytes) -> int:
+    """Where an uncompressed BMP's pixel rows end (its data offset + rows padded to 4 bytes), from
+    its headers; 0 when they do not say (RLE or JPEG inside, an old header). Not the file-size
+    field, which some writers leave 0 or get wrong while the image itself is complete."""
+    if len(head) < 34 or int.from_bytes(head[14:18], "little") < 40:  # BITMAPINFOHEADER or later
+        return 0
+    offset = int.from_bytes(head[10:14], "little")
+    width, height = (abs(int.from_bytes(head[i : i + 4], "little", signed=True)) for i in (18, 22))
+    bits, compression = int.from_bytes(head[28:30], "little"), int.from_bytes(head[30:34], "little")
+    if compression not in (0, 3, 6):  # BI_RGB, BI_BITFIELDS, BI_ALPHABITFIELDS: rows as they are
+        return 0
+    return offset + (bits * width + 31) // 32 * 4 * height
 
 
 _PNG_END = b"IEND\xaeB`\x82"  # the IEND chunk's type and CRC, which end every complete PNG

@@ -92,6 +92,7 @@ def test_cut_png_webp_and_bmp_files_and_riff_files_of_other_kinds_are_skipped(tm
     img.save(a / "ok.bmp")
     png, webp, bmp = ((a / f"ok.{ext}").read_bytes() for ext in ("png", "webp", "bmp"))
     (a / "cut.bmp").write_bytes(bmp[: len(bmp) // 2])
+    (a / "big_claim.bmp").write_bytes(bmp[:2] + (len(bmp) + 2).to_bytes(4, "little") + bmp[6:])  # file-size field off
     (a / "cut.png").write_bytes(png[: len(png) // 2])
     (a / "tail.png").write_bytes(png + bytes(100))  # bytes after IEND: decoders stop at IEND
     (a / "long_tail.png").write_bytes(png + bytes(5000))  # IEND not in the last KiB: still complete
@@ -106,7 +107,7 @@ def test_cut_png_webp_and_bmp_files_and_riff_files_of_other_kinds_are_skipped(tm
         "cut.bmp": "truncated BMP (shorter than its header says)",
     }
     kept = [f for f in ds.train.files if Path(f).suffix != ".JPEG"]
-    assert {Path(f).name for f in kept} == {"ok.png", "ok.webp", "ok.bmp", "tail.png", "long_tail.png"}
+    assert {Path(f).name for f in kept} == {"ok.png", "ok.webp", "ok.bmp", "big_claim.bmp", "tail.png", "long_tail.png"}
     for f in kept:
         with Image.open(f) as im:
             im.load()
