@@ -15,6 +15,7 @@ receive its typed parts and explicit values, by keyword.
 from __future__ import annotations
 
 import atexit
+import gc
 import logging
 import os
 import signal
@@ -253,6 +254,13 @@ def main(cfg: DictConfig) -> float:
 
 
 if __name__ == "__main__":
+    # What the imports made (torch, timm, Hydra: ~400k objects) lives as long as the process: frozen
+    # out of the cycle collector's view, the full collections of the run and of the interpreter's
+    # exit skip it (a short CPU run: 4.7 -> 3.5 s of CPU), and a forked loader worker's collections
+    # leave those pages shared. Once per process: one that froze its own (the tests, which run this
+    # file in-process too) keeps it.
+    if not gc.get_freeze_count():
+        gc.freeze()
     register_configs()
     atexit.register(shutdown)  # after all jobs: a multirun reuses the process group between jobs
     # All ranks must write to one run dir: rank 0's timestamp, shared before Hydra resolves it.
