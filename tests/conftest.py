@@ -75,6 +75,16 @@ def pytest_collection_finish(session) -> None:
     gc.freeze()
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """pytest-xdist (-n 2) hands out tests one at a time (at most two queued per worker), so that
+    the order below decides who runs what. By default its load scheduling starts each worker on a
+    chunk of consecutive tests, a quarter of its share (45 of 367): every slow test but test_train's
+    went to the first worker, whose chunk was then the suite's critical path, while the second ran
+    out of tests (it never takes back tests handed out). A --maxschedchunk given is kept."""
+    if getattr(config.option, "maxschedchunk", 0) is None:  # 0: xdist absent or off (-p no:xdist)
+        config.option.maxschedchunk = 1
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The slow tests first (in file order otherwise): pytest-xdist hands tests out in this order,
     so the last ones, which decide when the suite ends, are short and the workers end together."""
