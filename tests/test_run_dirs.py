@@ -167,23 +167,27 @@ def test_a_sweep_job_whose_dir_holds_a_run_is_one_failed_job(tmp_path, capfd):
 
 @pytest.mark.slow
 def test_under_torchrun_a_restart_is_refused_too_and_only_rank_0_records(tmp_path, capfd):
-    """Two gloo ranks. A torchrun restart (--max-restarts) into a run's dir without resume got past
-    the refusal (it skipped restarts) and overwrote the run. An evaluation into a fresh dir is an
-    evaluation of its own (summary.json, .hydra/): rank 1 used to see the .hydra/ rank 0 had just
-    written, record into .hydra-eval/, and make rank 0 write eval_summary.json."""
+    """A torchrun restart (--max-restarts) into a run's dir without resume got past the refusal (it
+    skipped restarts) and overwrote the run: one rank shows it (the refusal is each process's own,
+    before any rank joins the group or writes, so a second rank's is not visible here). An evaluation
+    into a fresh dir by two gloo ranks is an evaluation of its own (summary.json, .hydra/): rank 1
+    used to see the .hydra/ rank 0 had just written, record into .hydra-eval/, and make rank 0
+    write eval_summary.json."""
     run = tmp_path / "run"
     run_script("train.py", *TINY_SYNTHETIC, f"hydra.run.dir={run}", capfd=capfd)
     kept = {p: p.read_bytes() for p in (run / ".hydra" / "overrides.yaml", run / "checkpoints" / "last.pt")}
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
     restarted = subprocess.run(
-        [*torchrun, "--max-restarts=1", str(REPO / "train.py"), *TINY_SYNTHETIC, "seed=5", f"hydra.run.dir={run}"],
+        [*torchrun, "--nproc_per_node=1", "--max-restarts=1", str(REPO / "train.py"), *TINY_SYNTHETIC, "seed=5",
+         f"hydra.run.dir={run}"],
         env=launch_env(), capture_output=True, text=True, timeout=300,
     )  # fmt: skip
-    assert restarted.returncode != 0 and "holds a run already" in restarted.stderr, restarted.stderr[-2000:]
+    refusals = [line for line in restarted.stderr.splitlines() if line.startswith("error: ") and "holds a run already" in line]
+    assert restarted.returncode != 0 and len(refusals) == 2, restarted.stderr[-2000:]  # the first attempt and the restart
     assert {p: p.read_bytes() for p in kept} == kept
     fresh = tmp_path / "eval"
     evaluated = subprocess.run(
-        [*torchrun, str(REPO / "train.py"), *TINY_SYNTHETIC, "trainer.eval_only=true",
+        [*torchrun, "--nproc_per_node=2", str(REPO / "train.py"), *TINY_SYNTHETIC, "trainer.eval_only=true",
          f"trainer.resume={run / 'checkpoints' / 'last.pt'}", f"hydra.run.dir={fresh}"],
         env=launch_env(), capture_output=True, text=True, timeout=300,
     )  # fmt: skip
