@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import os
 import random
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -44,13 +42,12 @@ def crafted_checkpoint(path: Path, marker: Path) -> Path:
     return path
 
 
-@pytest.mark.slow
 def test_the_crafted_file_does_run_code_when_unpickled_unsafely(tmp_path):
-    """The planted file is a real exploit (so the tests that refuse it can fail)."""
+    """The planted file is a real exploit (so the tests that refuse it can fail): unpickled as a
+    full pickle, it runs its shell command (os.system, named in the file; nothing of this module's)."""
     marker = tmp_path / "MARKER"
     path = crafted_checkpoint(tmp_path / "evil.pt", marker)
-    code = f"import torch; torch.load({str(path)!r}, weights_only=False)"
-    subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, timeout=120)
+    torch.load(path, weights_only=False)
     assert marker.exists()
 
 
