@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from dali_train import distributed
 from dali_train.distributed import DistInfo, read_launch_env
 
 REPO = Path(__file__).resolve().parents[1]
@@ -118,15 +119,17 @@ def test_srun_ranks_say_what_they_wait_for(tmp_path):
     assert "unset SLURM_NTASKS" in first
 
 
-def test_a_launch_without_master_addr_gets_torchs_message(tmp_path):
+def test_a_launch_without_master_addr_gets_torchs_message(clean_env):
     """RANK and WORLD_SIZE set by hand without MASTER_ADDR, in a SLURM allocation (SLURM_PROCID set):
-    torch's error names the variable (the srun wait line must not read it first: a bare KeyError)."""
-    env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS and not k.startswith("TORCHELASTIC")}
-    env.update(PYTHONPATH=str(REPO), RANK="0", WORLD_SIZE="2", SLURM_PROCID="0")
-    code = "import dali_train.distributed as d; d.shared_run_stamp()"
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
-    assert done.returncode != 0
-    assert "MASTER_ADDR expected, but not set" in done.stderr.splitlines()[-1], done.stderr[-2000:]
+    torch's error names the variable (the srun wait line must not read it first: a bare KeyError).
+    In this process: it fails before any store or group exists (a subprocess paid torch's import)."""
+    for k in [k for k in os.environ if k.startswith("TORCHELASTIC")]:
+        clean_env.delenv(k)
+    for k, v in {"RANK": "0", "WORLD_SIZE": "2", "SLURM_PROCID": "0"}.items():
+        clean_env.setenv(k, v)
+    clean_env.setattr(distributed, "_store", None)  # as a fresh process has it
+    with pytest.raises(ValueError, match="MASTER_ADDR expected, but not set"):
+        distributed.shared_run_stamp()
 
 
 def test_rank_0_reads_the_ending_that_caused_its_failure_not_one_that_only_waited(monkeypatch):
@@ -134,8 +137,6 @@ def test_rank_0_reads_the_ending_that_caused_its_failure_not_one_that_only_waite
     Rank 1 only timed out waiting, as rank 0 did; rank 2's bad file is the cause. Once the store's
     process is gone (under srun it is rank 0's), a rank reading it keeps its own ending."""
     import torch.distributed as torch_dist
-
-    from dali_train import distributed
 
     host = subprocess.Popen(
         [sys.executable, "-c", "import sys, time, torch.distributed as d; s = d.TCPStore('127.0.0.1', 0, "
