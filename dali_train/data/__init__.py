@@ -156,7 +156,7 @@ def check_ranks_see_one_dataset(dataset: ImageFolderDataset, dist: DistInfo) -> 
     """Every rank lists data.root itself; each shards the epoch's order and the val split from its
     own list. Per-node copies that differ (an rsync that missed a file) made some images read twice
     and others never, validation included, with no error (or a hang when the step counts differed)."""
-    if not dist.enabled:
+    if not dist.enabled or not torch.distributed.is_initialized():  # one process standing in for a rank: no peers
         return
     mine = (len(dataset.train), len(dataset.val), split_fingerprint(dataset.train), split_fingerprint(dataset.val))
     seen = all_gather_lists([mine], dist)
