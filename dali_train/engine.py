@@ -1,4 +1,4 @@
-"""The training and evaluation loops. They are handed built objects and never see the config.
+"""The training loop (evaluation: dali_train/evaluate.py). It is handed built objects and never sees the config.
 
 Host syncs (`.item()`, collectives) happen only at log intervals and at the end of an epoch: the
 GPU runs ahead of Python in between. Data-wait is the host time blocked in `next(loader)`; with the
@@ -8,7 +8,6 @@ CUDA queue bounded by those syncs it is the time the GPU would have starved.
 from __future__ import annotations
 
 import contextlib
-import itertools
 import logging
 import math
 import time
@@ -17,7 +16,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from timm.utils import accuracy
 
 from dali_train.distributed import DistInfo, StopFlag, all_reduce_max, all_reduce_sum
 from dali_train.divergence import Diverged, LossWatch
@@ -267,49 +265,3 @@ def train_one_epoch(
         interrupted=interrupted,
         lr=lr,
     )
-
-
-@torch.no_grad()
-def evaluate(
-    model: torch.nn.Module,
-    loader: Iterable,
-    *,
-    device: torch.device,
-    dist: DistInfo,
-    amp_dtype: torch.dtype | None = None,
-    max_steps: int | None = None,
-    flip_tta: bool = False,
-) -> dict[str, float]:
-    """Top-1/top-5 and loss over this rank's val shard, summed as exact counts across ranks.
-    `flip_tta`: of the mean logits of each image and its left-right mirror."""
-    model.eval()
-    # [correct@1, correct@5, loss sum] stay on the device (no per-batch sync); float64 keeps counts exact
-    totals = torch.zeros(3, dtype=torch.float64, device=device)
-    count = 0
-    autocast = torch.autocast(device.type, dtype=amp_dtype) if amp_dtype else contextlib.nullcontext()
-    for images, labels in itertools.islice(loader, max_steps):  # max_steps None: every batch
-        n = labels.shape[0]
-        if n == 0:  # a shorter shard's last batch, all padding (3 ranks, 50 images: 16/17/17): its 0/0
-            # accuracy was NaN. No forward either: a compiled model would recompile (CUDA graphs:
-            # capture) for batch 0 on this rank alone. Never the first batch, so DDP's buffer
-            # broadcast (at the first forward after training only) is not skipped.
-            continue
-        with autocast:
-            logits = model(images).float()
-            if flip_tta:  # copied first: under CUDA graphs the next call reuses the output's buffer
-                first = logits.clone()
-                logits = (first + model(images.flip(3)).float()) / 2  # dim 3: the width (NCHW view)
-        top1, top5 = accuracy(logits, labels, topk=(1, 5))  # percentages of this batch
-        loss = torch.nn.functional.cross_entropy(logits, labels, reduction="sum")
-        totals += torch.stack([top1 * n / 100, top5 * n / 100, loss]).double()
-        count += n
-    totals = torch.cat([totals, torch.tensor([float(count)], dtype=torch.float64, device=device)])
-    all_reduce_sum(totals, dist)
-    correct1, correct5, loss_sum, count = totals.tolist()
-    count_int = round(count)
-    return {
-        "top1": 100.0 * round(correct1) / max(count_int, 1),
-        "top5": 100.0 * round(correct5) / max(count_int, 1),
-        "loss": loss_sum / max(count_int, 1),
-        "samples": count_int,
-    }

@@ -22,7 +22,8 @@ from dali_train.data import DatasetError, Loaders, NextEpoch
 from dali_train.distributed import DistInfo, StopFlag
 from dali_train.divergence import Diverged, nonfinite_tensors
 from dali_train.ending import COMPLETED, Ending, job_done, stopped_by_signal
-from dali_train.engine import EpochStats, LoopControl, TrainParts, evaluate, train_one_epoch
+from dali_train.engine import EpochStats, LoopControl, TrainParts, train_one_epoch
+from dali_train.evaluate import evaluate
 from dali_train.logs import MetricsWriter, input_bound_verdict
 
 log = logging.getLogger("dali_train")

@@ -1,6 +1,6 @@
 """The training loop in-process on a tiny model: the fp16 GradScaler with clipping, gradient
 accumulation windows, max_steps with a resume, mid-epoch checkpoint positions
-(trainer.save_every_n_steps) and flip TTA."""
+(trainer.save_every_n_steps)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import torch.distributed as torch_dist
 from timm.scheduler import CosineLRScheduler
 
 from dali_train.distributed import DistInfo, StopFlag
-from dali_train.engine import LoopControl, TrainParts, evaluate, train_one_epoch, train_step
+from dali_train.engine import LoopControl, TrainParts, train_one_epoch, train_step
 from dali_train.logs import MetricsWriter
 
 LR = 0.5
@@ -139,22 +139,3 @@ def test_each_update_is_the_mean_gradient_of_its_own_window_the_epochs_last_part
     for update in pairs:
         for grad, expected in update:
             torch.testing.assert_close(grad, expected, rtol=1e-5, atol=1e-6)
-
-
-def test_evaluate_with_flip_tta_scores_the_mean_logits_of_each_image_and_its_mirror():
-    """FFCV's lr_tta: a model that is not mirror-symmetric scores differently with it, and exactly
-    as the mean of its two passes."""
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.Flatten(), torch.nn.LazyLinear(5))
-    batches = [(torch.randn(8, 3, 6, 6), torch.randint(0, 5, (8,))) for _ in range(3)]
-    model(batches[0][0])  # materialize the lazy layer
-    cpu, one = torch.device("cpu"), DistInfo(0, 0, 1)
-    plain = evaluate(model, batches, device=cpu, dist=one)
-    tta = evaluate(model, batches, device=cpu, dist=one, flip_tta=True)
-    with torch.no_grad():
-        logits = torch.cat([(model(x) + model(x.flip(3))) / 2 for x, _ in batches])
-    labels = torch.cat([y for _, y in batches])
-    assert tta["samples"] == plain["samples"] == 24
-    assert tta["top1"] == pytest.approx(100 * (logits.argmax(1) == labels).float().mean().item())
-    assert tta["loss"] == pytest.approx(torch.nn.functional.cross_entropy(logits, labels).item(), rel=1e-5)
-    assert tta["loss"] != pytest.approx(plain["loss"], rel=1e-3)
