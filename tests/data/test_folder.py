@@ -81,16 +81,21 @@ def test_bad_files_are_skipped_with_their_reason_and_the_rest_decodes(bad_tree, 
     assert "truncated.JPEG" in caplog.text  # the warning names the file
 
 
-def test_cut_png_webp_and_bmp_files_and_riff_files_of_other_kinds_are_skipped(tmp_path):
-    """The formats besides JPEG are checked at their end too: a cut PNG, WebP or BMP passed the
-    startup check and stopped the run mid-epoch in both loaders; a WAV (also RIFF) passed as a WebP."""
+def test_cut_png_webp_bmp_and_tiff_files_and_riff_files_of_other_kinds_are_skipped(tmp_path):
+    """The formats besides JPEG are checked at their end too: a cut PNG, WebP, BMP or TIFF passed
+    the startup check and stopped the run mid-epoch in both loaders; a WAV (also RIFF) passed as a WebP."""
     root = make_tree(tmp_path / "ds")
     a = root / "train" / "a"
     img = synthetic_image(0, "train", 1, 9, 2, 90, 70, 10)
     img.save(a / "ok.png")
     img.save(a / "ok.webp", format="WEBP")
     img.save(a / "ok.bmp")
+    img.save(a / "ok.tif")
+    img.save(a / "lzw.tif", compression="tiff_lzw")
     png, webp, bmp = ((a / f"ok.{ext}").read_bytes() for ext in ("png", "webp", "bmp"))
+    for name in ("ok", "lzw"):
+        tif = (a / f"{name}.tif").read_bytes()
+        (a / f"cut_{name}.tif").write_bytes(tif[: len(tif) // 2] if name == "ok" else tif[:400] + tif[-300:])
     (a / "cut.bmp").write_bytes(bmp[: len(bmp) // 2])
     (a / "big_claim.bmp").write_bytes(bmp[:2] + (len(bmp) + 2).to_bytes(4, "little") + bmp[6:])  # file-size field off
     (a / "cut.png").write_bytes(png[: len(png) // 2])
@@ -105,9 +110,11 @@ def test_cut_png_webp_and_bmp_files_and_riff_files_of_other_kinds_are_skipped(tm
         "cut.webp": "truncated WebP (shorter than its RIFF header says)",
         "sound.webp": "not an image (unknown header)",
         "cut.bmp": "truncated BMP (shorter than its header says)",
+        "cut_ok.tif": "truncated TIFF (its image data runs past the end of the file)",
+        "cut_lzw.tif": "truncated TIFF (its image data runs past the end of the file)",
     }
     kept = [f for f in ds.train.files if Path(f).suffix != ".JPEG"]
-    assert {Path(f).name for f in kept} == {"ok.png", "ok.webp", "ok.bmp", "big_claim.bmp", "tail.png", "long_tail.png"}
+    assert {Path(f).name for f in kept} == {"ok.png", "ok.webp", "ok.bmp", "big_claim.bmp", "ok.tif", "lzw.tif", "tail.png", "long_tail.png"}
     for f in kept:
         with Image.open(f) as im:
             im.load()
