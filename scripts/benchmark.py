@@ -25,13 +25,11 @@ results.md and, with --plot, results.png (needs matplotlib) to --out.
 from __future__ import annotations
 
 import argparse
-import collections
 import gc
 import itertools
 import json
 import os
 import platform
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -51,6 +49,7 @@ from dali_train.distributed import init_distributed, shutdown
 from dali_train.engine import TrainParts, train_step
 from dali_train.errors import UserError
 from dali_train.parts import build_train_parts
+from dali_train.throughput import PROFILE_STEPS, Endless, build_timing, timed_windows
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 LOADERS = ("dali", "dali_cpu", "pytorch")  # the loaders a benchmark row or --variant can build on
@@ -90,137 +89,6 @@ def make_train_parts(cfg: Config, dist, device, *, num_classes: int, updates_per
         global_batch=cfg.loader.batch_size * dist.world_size * tc.grad_accum_steps,
         amp_dtype=amp_dtype_for(tc.amp, device),
     )
-
-
-class Endless:
-    """Batches across epoch boundaries. Each boundary builds the next epoch's pipeline, as in
-    training; the time that takes is kept in `switch_s`. `left` counts the batches left in the
-    current epoch (None before the first), so that timed windows can stay inside one epoch."""
-
-    def __init__(self, loader, hold: int = 0) -> None:
-        self.loader, self.switch_s = loader, []
-        self.left: int | None = None
-        self._batches = self._generate()
-        self._held = collections.deque(maxlen=hold) if hold else None
-
-    def _generate(self):
-        for epoch in itertools.count():
-            t = time.perf_counter()
-            self.loader.set_epoch(epoch)
-            self.switch_s.append(time.perf_counter() - t)
-            self.left = len(self.loader)
-            for batch in self.loader:
-                self.left -= 1
-                yield batch
-
-    def fits(self, steps: int) -> bool:
-        """Whether the next `steps` batches come from the current epoch (or a fresh one)."""
-        return self.left is None or self.left >= steps
-
-    def drain(self) -> None:
-        """Skip the rest of this epoch, so the next batch starts a new one."""
-        for _ in range(self.left or 0):
-            next(self._batches)
-
-    def __next__(self):
-        batch = next(self._batches)
-        if self._held is not None:
-            self._held.append(batch)
-        return batch
-
-    def __iter__(self):
-        return self
-
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-PROFILE_STEPS = 20  # batches in a --profile window
-
-
-def profile_window(batches, work, *, device, steps: int, out: Path, name: str) -> None:
-    """torch.profiler over `steps` batches: the ops/kernels by device time, a gzipped Chrome trace,
-    and `profile_summary.summarize` of it (per-stream busy time: CUPTI sees the whole process, so
-    DALI's kernels show up next to the model's). Host waits for batches are `data wait` ranges."""
-    import gzip
-    import shutil
-
-    from torch.profiler import ProfilerActivity, profile, record_function
-
-    from dali_train.profiling import load_events, summarize
-
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    with profile(activities=activities) as prof:
-        for _ in range(steps):
-            with record_function("data wait"):
-                images, labels = next(batches)
-            work(images, labels)
-        sync(device)
-    out.mkdir(parents=True, exist_ok=True)
-    sort = "cuda_time_total" if device.type == "cuda" else "cpu_time_total"
-    table = prof.key_averages().table(sort_by=sort, row_limit=40)
-    trace = out / f"trace_{name}.json"
-    prof.export_chrome_trace(str(trace))
-    with open(trace, "rb") as src, gzip.open(f"{trace}.gz", "wb") as dst:
-        shutil.copyfileobj(src, dst)
-    trace.unlink()
-    summary = summarize(load_events(Path(f"{trace}.gz")))
-    (out / f"profile_{name}.txt").write_text(summary + "\n\n" + table)
-    print(f"profile {name}:\n{summary}", flush=True)
-
-
-def timed_windows(
-    batches: Endless, work, *, device, batch_size, world_size, steps, warmup, repeats, profile_to=None, name=""
-) -> dict:
-    """Run `work(images, labels)` per batch; time `repeats` windows of `steps` after `warmup`
-    (and, with `profile_to`, profile one more window after the timed ones). A window that would
-    cross an epoch's end starts after it instead, warmed up again. Rates count all ranks."""
-
-    def warm_up() -> None:
-        for _ in range(warmup):
-            work(*next(batches))
-        sync(device)
-
-    def align(n: int) -> None:
-        if not batches.fits(n):
-            batches.drain()
-            warm_up()
-
-    warm_up()
-    rates, waits = [], []
-    for _ in range(repeats):
-        align(steps)
-        switches = len(batches.switch_s)
-        wait, start = 0.0, time.perf_counter()
-        for _ in range(steps):
-            t = time.perf_counter()
-            images, labels = next(batches)
-            wait += time.perf_counter() - t
-            work(images, labels)
-        sync(device)
-        assert len(batches.switch_s) == switches, "a timed window crossed an epoch switch"
-        elapsed = time.perf_counter() - start
-        rates.append(steps * batch_size * world_size / elapsed)
-        waits.append(wait / elapsed)
-    if profile_to is not None:
-        align(PROFILE_STEPS)
-        profile_window(batches, work, device=device, steps=PROFILE_STEPS, out=profile_to, name=name)
-    return {
-        "img_s": statistics.median(rates),
-        "img_s_all": rates,
-        "data_wait_frac": statistics.median(waits),
-        "epoch_switches": len(batches.switch_s) - 1,  # during warm-up and drains, never in a window
-    }
-
-
-def build_timing(loader) -> dict:
-    """Median DALI pipeline build and first-batch seconds of the train loader (what an epoch switch costs)."""
-    times = getattr(loader, "build_times", [])
-    if not times:
-        return {}
-    return {"build_s": statistics.median(b for b, _ in times), "first_batch_s": statistics.median(f for _, f in times)}
 
 
 def fail(message: str) -> None:
