@@ -1,13 +1,14 @@
 """Run directories: which one holds a run, and what a new run, a resume and an evaluation may do there.
 
-A new training run (no trainer.resume) is refused in a dir that holds a run, before Hydra's record
-could overwrite the run's: Hydra resolves `hydra.output_subdir` through `hydra_record_dir` (the
+A new training run (no trainer.resume, or another run's checkpoint) is refused in a dir that holds
+a run, before Hydra's record could overwrite the run's: Hydra resolves `hydra.output_subdir` through `hydra_record_dir` (the
 `${dali_train.hydra_record_dir:...}` resolver of conf/config.yaml), which sends that record apart,
 and the task refuses (`refuse_new_run_over_run`), so a sweep loses one job, not the run.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
@@ -20,9 +21,18 @@ from dali_train.errors import UserError
 
 
 def holds_a_run(run_dir: Path) -> bool:
-    """Whether a training run wrote into run_dir: a finished one (summary.json) or one killed before
-    it ended (its metrics or last checkpoint only)."""
-    return any((run_dir / name).exists() for name in ("summary.json", "metrics.jsonl", "checkpoints/last.pt"))
+    """Whether a training run wrote into run_dir: one that trained (its metrics or last checkpoint),
+    or one whose summary.json says more than an error before training (a bad option, a missing
+    folder: nothing to keep, and its corrected rerun goes into the same dir)."""
+    if any((run_dir / name).exists() for name in ("metrics.jsonl", "checkpoints/last.pt")):
+        return True
+    try:
+        ended = json.loads((run_dir / "summary.json").read_text())
+    except FileNotFoundError:
+        return False
+    except (OSError, ValueError):  # unreadable: kept as a run's
+        return True
+    return not (ended.get("end_state") == "error" and not ended.get("epochs_completed"))
 
 
 EVAL_RECORD_DIR = ".hydra-eval"  # where an evaluation in a run's dir records its config
@@ -74,10 +84,10 @@ def refuses_new_run(run_dir: Path, eval_only: bool, resume: str | None) -> bool:
 def check_new_run_dir(run_dir: Path, eval_only: bool, resume: str | None) -> None:
     """The UserError of `refuses_new_run`, from the task (a failed job in a sweep, not its end)."""
     if refuses_new_run(run_dir, eval_only, resume):
-        started_from = f" starting from trainer.resume={resume}," if resume else ""
+        new_run = f"to start from trainer.resume={resume}" if resume else "for a new run"
         raise UserError(
-            f"{run_dir} holds a run already; continue it with trainer.resume=auto, or give this run{started_from} "
-            f"another hydra.run.dir (hydra.sweep.dir in a sweep)"
+            f"{run_dir} holds a run already; continue it with trainer.resume=auto, or {new_run} use another "
+            f"hydra.run.dir (hydra.sweep.dir in a sweep)"
         )
 
 

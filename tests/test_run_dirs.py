@@ -129,7 +129,7 @@ def test_a_new_run_in_a_runs_dir_is_refused_before_anything_is_written(tmp_path,
     again = run_script("train.py", *TINY_SYNTHETIC, f"hydra.run.dir={run}", "seed=1", capfd=capfd, check=False)
     assert again.returncode == 2, again.stderr[-2000:]
     assert again.stderr.strip().splitlines() == [
-        f"error: {run} holds a run already; continue it with trainer.resume=auto, or give this run another "
+        f"error: {run} holds a run already; continue it with trainer.resume=auto, or for a new run use another "
         "hydra.run.dir (hydra.sweep.dir in a sweep)"
     ]
     assert {p: p.read_bytes() for p in files} == kept and not (run / ".hydra-refused").exists()
@@ -149,6 +149,12 @@ def test_a_new_run_in_a_runs_dir_is_refused_before_anything_is_written(tmp_path,
     assert f"resumed from {tmp_path / 'chained'}/checkpoints/last.pt at epoch 2" in second.stdout + second.stderr
     assert read_json(tmp_path / "chained" / "summary.json")["end_state"] == "completed"
     resumed = run_script("train.py", *TINY_SYNTHETIC, f"hydra.run.dir={run}", "trainer.epochs=2", "trainer.resume=auto", capfd=capfd)
+    # a run that ended with an error before training holds nothing: its corrected rerun goes in its dir
+    failed = tmp_path / "failed"
+    bad = run_script("train.py", *TINY_SYNTHETIC, f"hydra.run.dir={failed}", "data.mean=[124,116,104]", capfd=capfd, check=False)
+    assert bad.returncode == 2 and read_json(failed / "summary.json")["end_state"] == "error", bad.stderr[-2000:]
+    run_script("train.py", *TINY_SYNTHETIC, f"hydra.run.dir={failed}", capfd=capfd)
+    assert read_json(failed / "summary.json")["end_state"] == "completed"
     assert resumed.returncode == 0 and read_json(run / "summary.json")["epochs_completed"] == 2
 
 
