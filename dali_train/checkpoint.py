@@ -7,8 +7,10 @@ compiled model alike; the EMA weights sit under timm's `model_ema` key.
 
 The LR schedule is not saved: a resume builds it from the current config and positions it at the
 restored optimizer step, so `trainer.epochs=2` → `3` continues on the longer schedule. Where the
-position would be ambiguous (batch size, world size or accumulation changed in mid-epoch) the
-resume stops with one line naming the key; at an epoch boundary it continues at that epoch.
+position would be ambiguous (batch size, world size or accumulation changed in mid-epoch), or the
+rest of the epoch would follow another order (another seed), the resume stops with one line naming
+the key; at an epoch boundary it continues at that epoch. Each file is synced to disk before its
+rename (`save_durably`).
 """
 
 from __future__ import annotations

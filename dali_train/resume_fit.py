@@ -88,17 +88,19 @@ def check_fits(
             state["next_epoch"],
         )
     if state["next_step"] > 0:
-        for key, then, now in (
-            ("loader.batch_size", state["batch_size"], meta.batch_size),
-            ("trainer.grad_accum_steps", state["grad_accum_steps"], meta.grad_accum_steps),
-            ("world size (--nproc_per_node)", state["world_size"], meta.world_size),
-            # the epoch's order is drawn from the seed: another one re-reads some images, skips others
-            ("seed", (state.get("config") or {}).get("seed", meta.config.get("seed")), meta.config.get("seed")),
-        ):
+        ambiguous = "its place in the epoch is ambiguous"
+        for key, then, now, why in (
+            ("loader.batch_size", state["batch_size"], meta.batch_size, ambiguous),
+            ("trainer.grad_accum_steps", state["grad_accum_steps"], meta.grad_accum_steps, ambiguous),
+            ("world size (--nproc_per_node)", state["world_size"], meta.world_size, ambiguous),
+            # the epoch's order is drawn from the seed
+            ("seed", (state.get("config") or {}).get("seed", meta.config.get("seed")), meta.config.get("seed"),
+             "the rest of the epoch would follow another order (some images read twice, others never)"),
+        ):  # fmt: skip
             if then != now:
                 raise CheckpointError(
                     f"{key}={now}: trainer.resume={path} was saved in mid-epoch (epoch {state['next_epoch']} "
-                    f"step {state['next_step']}) with {key}={then}, so its place in the epoch is ambiguous; "
+                    f"step {state['next_step']}) with {key}={then}, so {why}; "
                     f"resume with {key}={then} (change it at an epoch boundary), or from an end-of-epoch checkpoint"
                 )
         if state["next_step"] // meta.grad_accum_steps >= meta.updates_per_epoch:  # nothing left of it

@@ -162,9 +162,11 @@ def check_ranks_see_one_dataset(dataset: ImageFolderDataset, dist: DistInfo) -> 
     seen = all_gather_lists([mine], dist)
     if len(set(seen)) > 1:
         differ = ", ".join(f"rank {r}: {t} train / {v} val" for r, (t, v, _, _) in enumerate(seen) if seen[r] != seen[0])
+        same_counts = len({(t, v) for t, v, _, _ in seen}) == 1
         raise DatasetError(
             f"{dataset.train.root.parent}: the ranks list different files (rank 0: {seen[0][0]} train / "
-            f"{seen[0][1]} val; {differ}); every rank must see the same dataset (per-node copies must match)"
+            f"{seen[0][1]} val; {differ}{'; same counts: file names or classes differ' if same_counts else ''}); "
+            f"every rank must see the same dataset (per-node copies must match)"
         )
 
 

@@ -1,5 +1,5 @@
 """Folder scanning: class indices, exclude list, and what happens to each kind of bad file (the
-pre-flight check of dali_train/data/sniff.py, through scan_dataset as training runs it)."""
+pre-flight check of dali_train/data/sniff.py, through scan_dataset's own call of it)."""
 
 from __future__ import annotations
 
