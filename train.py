@@ -29,13 +29,8 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from dali_train.checkpoint import Checkpointer, CheckpointMeta
-from dali_train.config import (
-    check_experiment_choice,
-    composition_error_line,
-    load_config,
-    register_configs,
-    require_values,
-)
+from dali_train.config import load_config, register_configs
+from dali_train.config_errors import check_experiment_choice, composition_error_line, require_values
 from dali_train.data import build_loaders
 from dali_train.device import amp_dtype_for, configure_backends, select_device, set_cuda_max_connections
 from dali_train.distributed import (

@@ -41,7 +41,8 @@ from hydra.errors import HydraException
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from dali_train.config import COMPILE_MODES, Config, composition_error_line, load_config, register_configs
+from dali_train.config import COMPILE_MODES, Config, load_config, register_configs
+from dali_train.config_errors import composition_error_line
 from dali_train.data import build_loaders
 from dali_train.data.folder import list_classes
 from dali_train.device import amp_dtype_for, configure_backends, select_device, set_cuda_max_connections

@@ -155,21 +155,6 @@ def test_each_default_exists_once_in_the_schema():
     GlobalHydra.instance().clear()
 
 
-@pytest.mark.parametrize(
-    "override, message",
-    [
-        ("data.root=${oc.env:DALI_TRAIN_TEST_UNSET}", "data.root: KeyError raised while resolving interpolation"),
-        ("optimizer.lr=${optimizer.nope}", "optimizer.lr: Interpolation key 'optimizer.nope' not found"),
-    ],
-)
-def test_an_interpolation_that_does_not_resolve_is_one_line(tmp_path, capfd, override, message):
-    """Finding the `???` keys resolves every value: an unset variable was a traceback, exit 1."""
-    proc = run_script("train.py", override, f"hydra.run.dir={tmp_path}", capfd=capfd, check=False)
-    assert proc.returncode == 2, proc.stderr[-2000:]
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith(f"error: {message}"), lines
-
-
 def test_imagenet_root_is_required(hydra_conf):
     cfg = compose("config", overrides=["data=imagenet"])
     assert OmegaConf.is_missing(cfg.data, "root")
@@ -239,20 +224,6 @@ def test_each_loader_reads_its_own_local_file(tmp_path, loader, key, value):
         assert compose("config", overrides=[f"loader={loader}"]).loader[key] == value
         assert compose("config").loader.name == "dali" and compose("config").loader.get(key) != value
     GlobalHydra.instance().clear()
-
-
-def test_a_part_that_recipes_share_is_refused_as_a_recipe(tmp_path, capfd):
-    """conf/experiment/base/ holds what the FFCV ResNet-50 recipes share; alone it would train with
-    the schema's epochs and ramp. The error names the recipes that use it."""
-    proc = run_script(
-        "train.py", "+experiment=base/imagenet_rn50_ffcv", f"hydra.run.dir={tmp_path}", capfd=capfd, check=False
-    )
-    assert proc.returncode == 2, proc.stderr[-2000:]
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: experiment=base/imagenet_rn50_ffcv: a part that recipes"), lines
-    assert "+experiment=imagenet_rn50_ffcv_16ep" in lines[0] and "+experiment=imagenet_rn50_ffcv_88ep" in lines[0]
-    assert "+experiment=imagenet_rn50_90ep" not in lines[0]
-    assert not (tmp_path / "checkpoints").exists()
 
 
 def test_a_setting_of_a_feature_that_is_off_is_a_warning(hydra_conf, caplog):
