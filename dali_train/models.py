@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 from collections.abc import Mapping
@@ -18,6 +19,7 @@ from dali_train.attention import add_self_attention
 from dali_train.config import ModelConfig
 from dali_train.distributed import DistInfo
 from dali_train.errors import UserError
+from dali_train.resume_fit import check_evaluated_network
 
 log = logging.getLogger(__name__)
 
@@ -26,10 +28,11 @@ class ModelError(UserError):
     """A model option the user must fix; one line."""
 
 
-def build_model(spec: ModelConfig, num_classes: int) -> torch.nn.Module:
+def build_model(spec: ModelConfig, num_classes: int, *, evaluate: bool = False) -> torch.nn.Module:
     """`timm.create_model(spec.name, **spec.kwargs)`: kwargs reach the model class (timm's ResNet
     takes act_layer, aa_layer, block_args={attn_layer: se}, cardinality, base_width, stem_type, ...),
-    plus fastai's self-attention layer when asked, then the weights of `spec.pretrained` when set."""
+    plus fastai's self-attention layer when asked, then the weights of `spec.pretrained` when set
+    (`evaluate`, trainer.eval_only: every tensor from the file, built as it was trained)."""
     name = spec.name
     if not timm.is_model(name):
         close = timm.list_models(f"*{name.split('.')[0][:6]}*")[:5]
@@ -55,7 +58,8 @@ def build_model(spec: ModelConfig, num_classes: int) -> torch.nn.Module:
     if spec.blur_strided_convs:
         blur_strided_convs(model)
     if spec.pretrained:
-        load_pretrained(model, spec.pretrained, strict=spec.pretrained_strict)
+        evaluated = dataclasses.asdict(spec) if evaluate else None
+        load_pretrained(model, spec.pretrained, strict=spec.pretrained_strict, evaluate=evaluated)
     n_params = sum(p.numel() for p in model.parameters())
     log.info("model: %s, %.1fM parameters, %d classes", name, n_params / 1e6, num_classes)
     return model
@@ -166,9 +170,10 @@ def _blurred_conv_keys(model: torch.nn.Module, state: dict[str, torch.Tensor]) -
     return state
 
 
-def read_weights(path: str) -> tuple[dict[str, torch.Tensor], str]:
-    """(state_dict, which) from a local file: a raw state_dict, a .safetensors file, or a training
-    checkpoint (ours or timm's: its EMA weights when it has them, as best.pt is chosen on them).
+def read_weights(path: str) -> tuple[dict[str, torch.Tensor], str, dict | None]:
+    """(state_dict, which, ours) from a local file: a raw state_dict, a .safetensors file, or a training
+    checkpoint (ours or timm's: its EMA weights when it has them, as best.pt is chosen on them); `ours`
+    is the whole file when it is a dali-train checkpoint (it records how its network was built).
     Read with weights_only=True: a file that needs more than tensors and plain containers is refused."""
     if not Path(path).is_file():
         raise ModelError(f"model.pretrained={path}: no such file (weights are never downloaded)")
@@ -185,6 +190,7 @@ def read_weights(path: str) -> tuple[dict[str, torch.Tensor], str]:
             f"model.pretrained={path}: not a weights file readable without running code ({type(e).__name__}: {reason})"
         ) from None
     which = "weights"
+    ours = state if isinstance(state, dict) and "model_name" in state and "format_version" in state else None
     if isinstance(state, dict):
         for key in ("model_ema", "state_dict_ema", "state_dict", "model"):  # timm's order, EMA first
             if isinstance(state.get(key), dict):
@@ -192,14 +198,19 @@ def read_weights(path: str) -> tuple[dict[str, torch.Tensor], str]:
                 break
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise ModelError(f"model.pretrained={path}: holds no state_dict of tensors")
-    return clean_state_dict(state), which
+    return clean_state_dict(state), which, ours
 
 
-def load_pretrained(model: torch.nn.Module, path: str, *, strict: bool = True) -> None:
+def load_pretrained(
+    model: torch.nn.Module, path: str, *, strict: bool = True, evaluate: Mapping | None = None
+) -> None:
     """Weights from a local file. Strict: every tensor of the model must be in the file with its
     shape, except a classifier of another size (fine-tuning on other classes: left at its fresh
-    initialization). Not strict: what fits is loaded, with a warning that counts the rest."""
-    state, which = read_weights(path)
+    initialization). Not strict: what fits is loaded, with a warning that counts the rest.
+    `evaluate` (the model options of a trainer.eval_only run): no tensor may be left at its
+    initialization, the head included, and one of our checkpoints must be evaluated as the network
+    it was trained as (resume_fit.check_evaluated_network): its top-1 would be another network's."""
+    state, which, ours = read_weights(path)
     state = _blurred_conv_keys(model, state)
     own = model.state_dict()
     fits = {k: v for k, v in state.items() if k in own and own[k].shape == v.shape}
@@ -209,6 +220,16 @@ def load_pretrained(model: torch.nn.Module, path: str, *, strict: bool = True) -
     unused = [k for k in state if k not in own]
     if not fits:
         raise ModelError(f"model.pretrained={path}: no tensor matches this model's parameters")
+    if evaluate is not None and ours is not None:
+        check_evaluated_network(ours, evaluate, path)
+    if evaluate is not None and (missing or head):
+        first = (missing or sorted(head))[0]
+        theirs = list(state[first].shape) if first in state else "absent"
+        raise ModelError(
+            f"model.pretrained={path}: trainer.eval_only=true would evaluate {len(missing) + len(head)} of {len(own)} "
+            f"tensors at their fresh initialization (e.g. {first}: {theirs} in the file, {list(own[first].shape)} "
+            f"here{', another class count' if head else ''}); evaluate it as the model it was trained as"
+        )
     if strict and (missing or unused):
         raise ModelError(
             f"model.pretrained={path}: {len(missing)} of {len(own)} tensors of this model are missing or differ in "

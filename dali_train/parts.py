@@ -34,7 +34,7 @@ def build_train_parts(
     The model is initialized from `seed` on every rank alike (EMA copies it before DDP would
     broadcast rank 0's weights); rank-dependent RNG streams start after it."""
     random_seed(seed)
-    model = build_model(model_cfg, num_classes)
+    model = build_model(model_cfg, num_classes, evaluate=trainer.eval_only)
     random_seed(seed, rank=1000 * dist.rank)
     model, ema = wrap_for_training(
         model,

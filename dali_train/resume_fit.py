@@ -5,6 +5,7 @@ optimizer, or a silent wrong place in the epoch."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +39,35 @@ class CheckpointMeta:
     config: dict[str, Any] = field(default_factory=dict)  # the plain run config, for the record
 
 
+def network_change(saved_config: dict[str, Any] | None, model: Mapping[str, Any]) -> tuple[str, Any, Any] | None:
+    """(key, then, now) of the first model option that differs between a checkpoint's run config and
+    this run's model section, among those no saved tensor shows; None when the networks are the same."""
+    # the blurs' filters are buffers built, not loaded, and kwargs may change only activations
+    # (act_layer: mish) with every shape the same
+    for key, default in (("stem_blur_pool", False), ("blur_strided_convs", False), ("kwargs", {})):
+        then = (saved_config or {}).get("model", {}).get(key, default)
+        now = model.get(key, default)
+        if then != now:
+            return key, then, now
+    return None
+
+
+def check_evaluated_network(saved: dict[str, Any], model: Mapping[str, Any], path: str) -> None:
+    """`trainer.eval_only` of `model.pretrained=` one of our checkpoints (`saved`): the network it was
+    trained as, or one line, as a resume checks (fine-tuning from it may change the network on purpose)."""
+    if saved["model_name"] != model["name"]:
+        raise CheckpointError(
+            f"model.name={model['name']}: trainer.eval_only=true evaluates model.pretrained={path}, a checkpoint "
+            f"of {saved['model_name']} (evaluate it with model.name={saved['model_name']})"
+        )
+    if change := network_change(saved.get("config"), model):
+        key, then, now = change
+        raise CheckpointError(
+            f"model.{key}={now}: trainer.eval_only=true evaluates model.pretrained={path}, trained with "
+            f"model.{key}={then}; its weights would load into another network (evaluate with model.{key}={then})"
+        )
+
+
 def check_fits(
     state: dict[str, Any], meta: CheckpointMeta, model: torch.nn.Module, path: str, *, eval_only: bool = False
 ) -> None:
@@ -47,17 +77,13 @@ def check_fits(
         raise CheckpointError(
             f"trainer.resume={path}: checkpoint is of model {state['model_name']}, this run builds {meta.model_name}"
         )
-    # no saved tensor tells these networks apart: the blurs' filters are buffers built, not loaded,
-    # and kwargs may change only activations (act_layer: mish) with every shape the same
-    for key, default in (("stem_blur_pool", False), ("blur_strided_convs", False), ("kwargs", {})):
-        then = (state.get("config") or {}).get("model", {}).get(key, default)
-        now = meta.config.get("model", {}).get(key, default)
-        if then != now:
-            raise CheckpointError(
-                f"model.{key}={now}: trainer.resume={path} was trained with model.{key}={then}; "
-                f"its weights would load into another network (resume with model.{key}={then}, or start "
-                f"the new network from them with model.pretrained={path})"
-            )
+    if change := network_change(state.get("config"), meta.config.get("model", {})):
+        key, then, now = change
+        raise CheckpointError(
+            f"model.{key}={now}: trainer.resume={path} was trained with model.{key}={then}; "
+            f"its weights would load into another network (resume with model.{key}={then}, or start "
+            f"the new network from them with model.pretrained={path})"
+        )
     own = unwrap_model(model).state_dict()
     theirs = state["model"]
     mismatched = [k for k in own if k not in theirs or theirs[k].shape != own[k].shape]
