@@ -67,7 +67,7 @@ class ProgressiveConfig:
     end_size: int = 192  # train crop side at end_epoch and after, px
     start_epoch: int = 0  # first epoch of the ramp (0-based)
     end_epoch: int = 10  # epoch at which end_size is reached
-    step: int = 32  # sizes are rounded to the nearest multiple of this, as in FFCV
+    step: int = 32  # sizes between the ends are rounded to the nearest multiple of this, as in FFCV
 
     def __post_init__(self) -> None:
         must_be_at_least("data.progressive.step", self.step, 1)
@@ -225,6 +225,17 @@ class Config:
             raise UserError("trainer.eval_only=true needs trainer.resume=PATH or model.pretrained=PATH")
         if (t.mixup_alpha or t.cutmix_alpha) and self.loader.batch_size % 2:
             raise UserError(f"loader.batch_size={self.loader.batch_size}: Mixup/CutMix needs an even batch size")
+        ramp = self.data.progressive
+        # a warning, not an error, as for a setting of a feature that is off: a sweep over trainer.epochs still runs
+        if ramp.enabled and ramp.end_epoch > t.epochs - 1 and ramp.start_size != ramp.end_size:
+            logging.getLogger(__name__).warning(
+                "data.progressive.end_epoch=%d: past the last epoch, %d (trainer.epochs=%d): the train crop never "
+                "reaches data.progressive.end_size=%d",
+                ramp.end_epoch,
+                t.epochs - 1,
+                t.epochs,
+                ramp.end_size,
+            )
 
 
 SCHEMAS: dict[str, dict[str, type]] = {  # group -> schema name (in the option's defaults list) -> dataclass

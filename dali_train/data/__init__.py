@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import os
 import threading
 import time
@@ -85,15 +86,21 @@ class NextEpoch:
 
 
 def progressive_size(data: DataConfig) -> Callable[[int], int]:
-    """epoch -> train crop side: constant, or FFCV-style linear ramp rounded to `step` px."""
+    """epoch -> train crop side: constant, or FFCV-style linear ramp: start_size up to start_epoch,
+    end_size from end_epoch on, in between the nearest multiple of `step` px within [start, end]."""
     p = data.progressive
     if not p.enabled:
         return lambda epoch: data.train_size
 
     def size_at(epoch: int) -> int:
-        frac = min(max((epoch - p.start_epoch) / max(p.end_epoch - p.start_epoch, 1), 0.0), 1.0)
-        size = p.start_size + frac * (p.end_size - p.start_size)
-        return max(p.step, round(size / p.step) * p.step)
+        if epoch <= p.start_epoch:
+            return p.start_size
+        if epoch >= p.end_epoch:
+            return p.end_size
+        size = p.start_size + (epoch - p.start_epoch) / (p.end_epoch - p.start_epoch) * (p.end_size - p.start_size)
+        # Ends exact as FFCV's get_resolution, not refused off the step: a fixed train_size may be any size.
+        low, high = sorted((p.start_size, p.end_size))  # rounding never leaves them (more memory than budgeted)
+        return min(max(math.floor(size / p.step + 0.5) * p.step, low), high)  # halves up, not round()'s to even
 
     return size_at
 
