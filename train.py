@@ -139,13 +139,30 @@ def train(cfg: DictConfig, dist: DistInfo, run_dir: Path, writer: MetricsWriter,
         signum = stop.signal or signal.SIGTERM
         return stopped_by_signal(signum, f"signal {signum} came as the previous job ended: nothing run", stop.hand_over)
 
-    # Data, then the model and its optimizer.
+    # Data, the checkpoint to restore if any, then the model and its optimizer.
     loaders = build_loaders(
         c.data, c.loader, dist, device, half=amp_dtype is not None, channels_last=tc.channels_last, seed=c.seed
     )
     upe = updates_per_epoch(len(loaders.train), tc.max_steps_per_epoch, tc.grad_accum_steps)
     global_batch = c.loader.batch_size * dist.world_size * tc.grad_accum_steps
     summary.update(epochs=tc.epochs, global_batch=global_batch)
+    meta = CheckpointMeta(
+        model_name=c.model.name,
+        optimizer_name=c.optimizer.name,
+        batch_size=c.loader.batch_size,
+        world_size=dist.world_size,
+        grad_accum_steps=tc.grad_accum_steps,
+        updates_per_epoch=upe,
+        train_files=len(loaders.dataset.train.files) if loaders.dataset is not None else 0,
+        config=OmegaConf.to_container(cfg, resolve=True),
+    )
+    checkpointer = Checkpointer(run_dir, dist, meta)
+    continuing = not tc.eval_only and continues_its_run(run_dir, tc.resume)  # a later job: its own last.pt
+    resume = checkpointer.resolve("auto" if continuing else tc.resume)
+    if tc.eval_only and not resume and not c.model.pretrained:
+        raise UserError(
+            f"trainer.eval_only=true trainer.resume={tc.resume}: no {checkpointer.path('last.pt')}, nothing to evaluate"
+        )
     parts = build_train_parts(
         c.model,
         c.optimizer,
@@ -158,29 +175,13 @@ def train(cfg: DictConfig, dist: DistInfo, run_dir: Path, writer: MetricsWriter,
         updates_per_epoch=upe,
         global_batch=global_batch,
         amp_dtype=amp_dtype,
+        restoring=resume,  # its weights replace model.pretrained's: that file is not read (a requeue may lack it)
     )
 
     # Restore: the schedule is the current config's, positioned at the checkpoint's step.
-    meta = CheckpointMeta(
-        model_name=c.model.name,
-        optimizer_name=c.optimizer.name,
-        batch_size=c.loader.batch_size,
-        world_size=dist.world_size,
-        grad_accum_steps=tc.grad_accum_steps,
-        updates_per_epoch=upe,
-        train_files=len(loaders.dataset.train.files) if loaders.dataset is not None else 0,
-        config=OmegaConf.to_container(cfg, resolve=True),
-    )
-    checkpointer = Checkpointer(run_dir, dist, meta)
     if not tc.eval_only:  # its temp-file cleanup could delete a checkpoint a running trainer is writing
         checkpointer.prepare(parts)
     start_epoch, start_step, best_top1 = 0, 0, float("-inf")
-    continuing = not tc.eval_only and continues_its_run(run_dir, tc.resume)  # a later job: its own last.pt
-    resume = checkpointer.resolve("auto" if continuing else tc.resume)
-    if tc.eval_only and not resume and not c.model.pretrained:
-        raise UserError(
-            f"trainer.eval_only=true trainer.resume={tc.resume}: no {checkpointer.path('last.pt')}, nothing to evaluate"
-        )
     if resume:
         state = checkpointer.restore(resume, parts, eval_only=tc.eval_only)
         start_epoch, start_step, best_top1 = state.next_epoch, state.next_step, state.best_top1

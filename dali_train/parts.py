@@ -3,6 +3,9 @@ train.py and scripts/benchmark.py assemble the same model, loss, optimizer and s
 
 from __future__ import annotations
 
+import dataclasses
+import logging
+
 import torch
 from timm.utils import random_seed, unwrap_model
 
@@ -13,6 +16,8 @@ from dali_train.loss import build_loss
 from dali_train.models import build_model, wrap_for_training
 from dali_train.optim import build_optimizer, build_scheduler
 from dali_train.options import OptimizerConfig, SchedulerConfig
+
+log = logging.getLogger(__name__)
 
 
 def build_train_parts(
@@ -28,11 +33,16 @@ def build_train_parts(
     updates_per_epoch: int,
     global_batch: int,
     amp_dtype: torch.dtype | None,
+    restoring: str | None = None,
 ) -> TrainParts:
     """Model (wrapped: to device → EMA → compile → DDP), loss, optimizer, schedule and scaler.
 
     The model is initialized from `seed` on every rank alike (EMA copies it before DDP would
-    broadcast rank 0's weights); rank-dependent RNG streams start after it."""
+    broadcast rank 0's weights); rank-dependent RNG streams start after it. `restoring`: the
+    checkpoint the caller will load into these parts; `model.pretrained` is then not read."""
+    if restoring and model_cfg.pretrained:  # a requeued job whose pretrained file is gone still resumes
+        log.info("model.pretrained=%s not loaded: the weights of %s replace it", model_cfg.pretrained, restoring)
+        model_cfg = dataclasses.replace(model_cfg, pretrained=None)
     random_seed(seed)
     model = build_model(model_cfg, num_classes, evaluate=trainer.eval_only)
     random_seed(seed, rank=1000 * dist.rank)

@@ -1,5 +1,6 @@
 """model.pretrained end to end: an evaluation of it (trainer.eval_only) is checked as a resumed
-checkpoint is, instead of reporting the top-1 of another network or of a random classifier."""
+checkpoint is, instead of reporting the top-1 of another network or of a random classifier; a
+resumed run does not read it (the checkpoint's weights replace it)."""
 
 from __future__ import annotations
 
@@ -43,3 +44,16 @@ def test_an_evaluation_of_weights_of_another_class_count_is_one_line(small_root,
     torch.save(timm.create_model("test_resnet", num_classes=5).state_dict(), five)
     ended = run_inprocess(args(small_root, "trainer.eval_only=true", f"model.pretrained={five}"), tmp_path / "run", check=False)
     assert_one_line_ending(ended, f"model.pretrained={five}", "fresh initialization", "another class count")
+
+
+def test_a_resumed_job_does_not_need_the_pretrained_file(small_root, tmp_path):
+    """A requeued job restores its last.pt, whose weights replace the pretrained ones: it failed
+    once that file was gone ("model.pretrained=...: no such file"), a scratch file moved or deleted."""
+    start = tmp_path / "start.pt"
+    torch.save(timm.create_model("test_resnet", num_classes=10).state_dict(), start)
+    run, job = tmp_path / "run", args(small_root, f"model.pretrained={start}", "trainer.epochs=2", "trainer.epochs_per_job=1")
+    assert run_inprocess(job, run).summary["end_state"] == "job done"
+    start.unlink()
+    resumed = run_inprocess([*job, "trainer.resume=auto"], run)
+    assert resumed.summary["end_state"] == "completed" and resumed.summary["epochs_completed"] == 2
+    assert f"model.pretrained={start} not loaded" in resumed.log
