@@ -17,7 +17,7 @@
 # SMOKE=1 runs the same steps on CPU with tiny data and windows, eager rows only, no profile: a check
 # of the script without a GPU (31 s for 1gpu, 48 s for 2gpu on 2 cores; kept out of the test suite).
 # Before the measured rows, one short untimed e2e process per GPU (warm-up: the first e2e process of a
-# machine session measured slow, docs/benchmarks.md); the "under 10 minutes" predates it (not re-timed).
+# machine session measured slow, docs/benchmarks.md); with it, 1gpu took 570 s on 2026-12-02 (2gpu not re-timed).
 # Check summary.md: every eager row and the farm line filled.
 set -uo pipefail
 MODE=${1:?1gpu or 2gpu}
