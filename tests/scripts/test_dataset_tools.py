@@ -160,6 +160,19 @@ def test_resize_dataset_keeps_layout_and_caps_the_side(tmp_path):
     assert same.returncode == 1 and "must be a folder outside" in same.stderr, same.stderr
 
 
+def test_resize_dataset_can_cap_the_shorter_side_as_fastais_copies(tmp_path):
+    """fastai's 160 px Imagenette/Imagewoof: the shorter side at 160, aspect kept (a portrait image too)."""
+    src = tmp_path / "src" / "train" / "c"
+    src.mkdir(parents=True)
+    synthetic_image(0, "train", 0, 0, 2, 400, 300, 5).save(src / "wide.JPEG")
+    synthetic_image(0, "train", 0, 1, 2, 300, 500, 5).save(src / "tall.JPEG")
+    script("resize_dataset.py", tmp_path / "src", tmp_path / "dst", "--shorter-side", 150, "--workers", 1)
+    sizes = {p.name: Image.open(p).size for p in (tmp_path / "dst" / "train" / "c").iterdir()}
+    assert sizes == {"wide.JPEG": (200, 150), "tall.JPEG": (150, 250)}, sizes
+    both = script("resize_dataset.py", tmp_path / "src", tmp_path / "d2", "--shorter-side", 9, "--max-side", 9, check=False)
+    assert both.returncode == 2 and "not allowed with argument" in both.stderr, both.stderr
+
+
 def test_resize_dataset_scales_16_bit_grayscale_to_8_bits(tmp_path):
     """PIL's convert("RGB") clips a 16-bit image at 255: a gradient over the 16-bit range came out
     white (mean 254.5), where DALI decodes it to its 8-bit levels (mean 127.5)."""
