@@ -52,7 +52,7 @@ from dali_train.run_dirs import hydra_record_dir
 AMP_CHOICES = ("bf16", "fp16", "off")
 DEVICE_CHOICES = ("auto", "cpu", "cuda")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
-TRAIN_TRANSFORMS = ("random_resized_crop", "resize")
+TRAIN_TRANSFORMS = ("random_resized_crop", "resize", "random_square_crop")
 VAL_RESIZE_MODES = ("shorter", "whole")
 WEIGHT_INITS = ("timm", "fan_in")
 
@@ -85,7 +85,9 @@ class DataConfig:
     train_size: int = 224  # side of the random-resized crop fed to the model, px
     val_size: int = 224  # side of the center crop at validation, px
     val_resize: int = 256  # shorter side before the validation center crop, px
-    train_transform: str = "random_resized_crop"  # random_resized_crop | resize (whole image squished to train_size²)
+    # random_resized_crop | resize (the whole image squished to train_size²) | random_square_crop (the
+    # shorter side scaled to train_size, a square at a random place along the longer: fastai's Resize)
+    train_transform: str = "random_resized_crop"
     val_resize_mode: str = "shorter"  # shorter: shorter side to val_resize | whole: image squished to val_resize²
     crop_scale: list[float] = field(default_factory=lambda: [0.08, 1.0])  # RandomResizedCrop area range
     crop_ratio: list[float] = field(default_factory=lambda: [3 / 4, 4 / 3])  # aspect-ratio range

@@ -1,5 +1,5 @@
 """The DALI graphs: what each pipeline computes from a split's files (JPEG decode, random-resized
-crop or squish, flip, normalize), in one of three placements (`Placement`):
+crop, squish or random square crop, flip, normalize), in one of three placements (`Placement`):
 - `dali` on a GPU: the "mixed" decoder (nvJPEG, with the hardware JPEG engine taking
   `hw_decoder_load` of the images) fused with the random crop, then resize, flip and normalize on
   the GPU;
@@ -18,6 +18,7 @@ from typing import IO
 import numpy as np
 import torch
 from nvidia.dali import fn, pipeline_def, types
+from nvidia.dali import math as dmath
 
 from dali_train.data.folder import Split
 from dali_train.data.transform import Transform
@@ -125,6 +126,19 @@ def train_pipeline(source, shard_id, num_shards, placement, settings, t, size):
             random_area=list(t.crop_scale),
             random_aspect_ratio=list(t.crop_ratio),
             num_attempts=10,
+            **_decoder_kwargs(placement, settings),
+        )
+    elif t.square_crop:  # the largest square, decoded alone (a region decode), then resized
+        shape = fn.peek_image_shape(jpegs, adjust_orientation=False)  # H, W, C as decoded
+        side = fn.cast(dmath.min(shape[0], shape[1]), dtype=types.FLOAT)
+        images = fn.decoders.image_crop(
+            jpegs,
+            device=placement.decoder,
+            output_type=types.RGB,
+            crop_w=side,
+            crop_h=side,
+            crop_pos_x=fn.random.uniform(range=(0.0, 1.0)),
+            crop_pos_y=fn.random.uniform(range=(0.0, 1.0)),
             **_decoder_kwargs(placement, settings),
         )
     else:

@@ -48,6 +48,8 @@ class FileListDataset(Dataset):
 def train_transform(size: int, t: Transform) -> Callable:
     if t.random_crop:
         crop = T.RandomResizedCrop(size, scale=t.crop_scale, ratio=t.crop_ratio, antialias=True)
+    elif t.square_crop:
+        crop = T.Compose([T.Resize(size, antialias=True), T.RandomCrop(size)])
     else:
         crop = T.Resize((size, size), interpolation=T.InterpolationMode.BILINEAR, antialias=True)
     return T.Compose(

@@ -1,4 +1,5 @@
-"""Train/val transforms mean the same in every loader: squish-resize train, whole-image val resize."""
+"""Train/val transforms mean the same in every loader: squish-resize or random square train crops,
+whole-image val resize."""
 
 from __future__ import annotations
 
@@ -104,10 +105,31 @@ def test_train_resize_is_the_whole_image_squished_then_maybe_flipped(wide_root, 
     assert 0 < flips < 8  # a random flip: neither always nor never
 
 
+@pytest.mark.parametrize("name", ["dali_cpu", "pytorch"])
+def test_train_random_square_crop_keeps_the_aspect_and_moves_along_the_longer_side(wide_root, name):
+    """fastai's Resize(size) (method crop): the 96x48 ramp's shorter side scaled to 32, then a 32x32
+    square of the 64x32 image: half the ramp's span (the squish would show all of it), no
+    stretch, at a random place."""
+    ld = loaders(
+        wide_root, f"loader={name}", *workers(name, 0), *STRETCH, "data.train_transform=random_square_crop",
+        "data.val_resize=32",
+    )  # fmt: skip
+    ld.train.set_epoch(0)
+    full = 1 / 0.229  # the ramp's 0..255 in red, normalized by ImageNet's red std
+    lows = []
+    for images, _ in ld.train:
+        for image in images:
+            red = image[0].float()
+            left, right = red[:, 0].mean().item(), red[:, -1].mean().item()
+            assert 0.42 * full < abs(right - left) < 0.56 * full, (left, right)
+            lows.append(min(left, right))
+    assert max(lows) - min(lows) > 0.25 * full, lows  # the square's place varies
+
+
 def test_unknown_transform_names_are_one_line_errors(wide_root):
     from dali_train.errors import UserError  # checked by the schema (dali_train.config), before any loader
 
-    with pytest.raises(UserError, match="data.train_transform=crop: unknown; choose one of"):
+    with pytest.raises(UserError, match="data.train_transform=crop: unknown; choose one of random_resized_crop, resize, random_square_crop"):
         loaders(wide_root, "data.train_transform=crop")
     with pytest.raises(UserError, match="data.val_resize_mode=longer: unknown"):
         loaders(wide_root, "data.val_resize_mode=longer")
