@@ -30,6 +30,18 @@ def test_gpu_batches_are_fp16_channels_last_on_the_device(sample_root, name):
     assert val_images.shape[1:] == (3, 32, 32) and torch.isfinite(val_images.float()).all()
 
 
+@pytest.mark.parametrize("transform", ["resize", "random_square_crop"])
+def test_the_mixed_decoder_takes_every_train_transform(sample_root, transform):
+    """The squish decodes whole images and the square crop decodes a region (decoders.image_crop)
+    on nvJPEG: the CPU tests cannot reach either GPU decoder call."""
+    device = torch.device("cuda", 0)
+    cfg = make_cfg(sample_root, "loader=dali", f"data.train_transform={transform}", *SMALL)
+    ld = build_loaders(cfg.data, cfg.loader, DistInfo(0, 0, 1), device, half=True, channels_last=True, seed=cfg.seed)
+    ld.train.set_epoch(0)
+    images, _ = next(iter(ld.train))
+    assert images.shape == (16, 3, 32, 32) and torch.isfinite(images.float()).all()
+
+
 def test_an_epoch_built_on_a_thread_matches_one_built_in_the_main_thread(sample_root):
     """train.py's NextEpoch builds the next DALI pipeline (mixed decoder) on a thread while the main
     thread runs validation's: the batches are the same as a synchronous build's, on the device."""
