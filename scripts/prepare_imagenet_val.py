@@ -12,13 +12,17 @@ val/<class>/. Ground truth, in either form:
     python scripts/prepare_imagenet_val.py /data/imagenet/val --labels LOC_val_solution.csv --dry-run
     python scripts/prepare_imagenet_val.py /data/imagenet/val --labels LOC_val_solution.csv
 
-Files are moved (or --copy'd) inside the val folder; nothing is overwritten; --dry-run only prints.
+Files are moved (or --copy'd) inside the val folder, each through a temporary dotfile renamed into
+place, so a rerun after an interruption resumes and never keeps a half-copied file; nothing is
+overwritten; --dry-run only prints.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import errno
+import os
 import shutil
 import sys
 from collections import Counter
@@ -66,6 +70,17 @@ def read_labels(labels: Path, synsets: Path | None, files: list[str]) -> dict[st
     return {Path(f).stem: wnids[i - 1] for f, i in zip(sorted(files), ids, strict=True)}
 
 
+def rename_across(src: Path, dst: Path) -> bool:
+    """Rename `src` to `dst` (atomic); False when they are on two filesystems."""
+    try:
+        os.rename(src, dst)
+    except OSError as e:
+        if e.errno != errno.EXDEV:
+            raise
+        return False
+    return True
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("val_dir", help="the flat folder of validation images")
@@ -99,10 +114,21 @@ def main() -> None:
         return
     for f in tqdm(files, unit="file", disable=None):  # renames within one filesystem: one process is enough
         target = val / wnid_of[Path(f).stem] / f
-        target.parent.mkdir(exist_ok=True)
         if target.exists():
             continue
-        (shutil.copy2 if args.copy else shutil.move)(str(val / f), str(target))
+        try:
+            target.parent.mkdir(exist_ok=True)
+            if not args.copy and rename_across(val / f, target):
+                continue
+            # A copy goes through a dotfile (the loaders skip dotfiles) renamed into place: one cut
+            # short by a kill or a full disk left a truncated target that a rerun kept as done
+            tmp = target.parent / f".{f}.tmp"
+            shutil.copy2(val / f, tmp)
+            os.replace(tmp, target)
+            if not args.copy:  # a move to another filesystem (a class folder that is a mount point)
+                os.unlink(val / f)
+        except OSError as e:
+            sys.exit(f"error: {val / f} -> {target}: {e.strerror or e}; rerun to resume (files done are kept)")
     print(f"done: {val}/<wnid>/")
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -285,6 +286,37 @@ def test_prepare_imagenet_val_refuses_a_csv_row_without_a_class(tmp_path):
     (tmp_path / "sol.csv").write_text("ImageId,PredictionString\nILSVRC2012_val_00000001,\n")
     proc = script("prepare_imagenet_val.py", val, "--labels", tmp_path / "sol.csv", check=False)
     assert proc.returncode == 1 and "line 2 (ILSVRC2012_val_00000001) has no class" in proc.stderr, proc.stderr
+
+
+def test_prepare_imagenet_val_copy_cut_short_is_one_line_and_the_rerun_redoes_that_file(tmp_path):
+    """A copy cut short (here by a file-size limit: EFBIG, as a full disk gives ENOSPC) left a
+    truncated target, which the rerun took as done: a val image that cannot be decoded."""
+    val = tmp_path / "val"
+    val.mkdir()
+    rng = np.random.default_rng(0)
+    for i in range(1, 4):  # ~190 KB of noise each, over the 100 KiB limit
+        Image.fromarray(rng.integers(0, 255, (400, 400, 3), dtype=np.uint8)).save(
+            val / f"ILSVRC2012_val_{i:08d}.JPEG", quality=95
+        )
+    (tmp_path / "gt.txt").write_text("1\n2\n1\n")
+    (tmp_path / "synsets.txt").write_text("n01440764\nn01443537\n")
+    args = [REPO / "scripts" / "prepare_imagenet_val.py", val, "--labels", tmp_path / "gt.txt"]
+    args += ["--synsets", tmp_path / "synsets.txt", "--copy"]
+    cut = subprocess.run(
+        [sys.executable, *map(str, args)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (100 * 1024, resource.RLIM_INFINITY)),
+    )
+    assert cut.returncode == 1 and cut.stderr.startswith("error: ") and "Traceback" not in cut.stderr, cut.stderr
+    assert "ILSVRC2012_val_00000001.JPEG" in cut.stderr and len(cut.stderr.strip().splitlines()) == 1
+    assert not list(val.glob("n*/ILSVRC*"))  # nothing under a real name
+    script("prepare_imagenet_val.py", *args[1:])  # the rerun, no limit
+    for f in sorted(val.glob("*.JPEG")):
+        copied = next(val.glob(f"n*/{f.name}"))
+        assert copied.read_bytes() == f.read_bytes(), copied
+    assert sorted(p.name for p in val.glob("n*/*")) == sorted(p.name for p in val.glob("*.JPEG"))  # no temp file shows
 
 
 def test_benchmark_cpu_smoke(sample_root, tmp_path, capfd):
