@@ -7,7 +7,8 @@ val/<class>/. Ground truth, in either form:
   --labels ground_truth.txt --synsets synsets.txt
                                         devkit's ILSVRC2012_validation_ground_truth.txt (one class
                                         ID 1..1000 per line, in file order) and the 1000 wnids in
-                                        ILSVRC2012 ID order (one per line)
+                                        ILSVRC2012 ID order (one per line; the devkit's meta.mat
+                                        order, ID 1 = n02119789: an alphabetical list is refused)
 
     python scripts/prepare_imagenet_val.py /data/imagenet/val --labels LOC_val_solution.csv --dry-run
     python scripts/prepare_imagenet_val.py /data/imagenet/val --labels LOC_val_solution.csv
@@ -49,6 +50,17 @@ def read_labels(labels: Path, synsets: Path | None, files: list[str]) -> dict[st
     if not synsets.is_file():
         sys.exit(f"error: --synsets {synsets}: no such file")
     wnids = [line.split()[0] for line in synsets.read_text().splitlines() if line.strip()]
+    repeated = next((w for w, n in Counter(wnids).items() if n > 1), None)
+    if repeated is not None:
+        sys.exit(f"error: --synsets {synsets}: {repeated} is listed {wnids.count(repeated)} times; each wnid once, in ID order")
+    if len(wnids) == 1000 and wnids == sorted(wnids):
+        # The lists at hand (LOC_synset_mapping.txt, Caffe's and timm's synsets.txt) are alphabetical;
+        # the devkit's IDs are meta.mat's ILSVRC2012_ID order (ID 1 is n02119789): every image would
+        # land in another class's folder, without a word
+        sys.exit(
+            f"error: --synsets {synsets}: alphabetical, not the devkit's ILSVRC2012_ID order (ID 1 is n02119789, "
+            "data/meta.mat); give the wnids in ID order, or use --labels LOC_val_solution.csv"
+        )
     words = labels.read_text().split()
     bad = next((w for w in words if not w.isdigit()), None)
     if bad is not None or not words:

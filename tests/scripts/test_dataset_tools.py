@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import timm
 from PIL import Image
 
 from dali_train.data.folder import scan_dataset
@@ -277,6 +278,31 @@ def test_prepare_imagenet_val_refuses_an_id_list_it_would_misread_in_one_line(tm
     )
     assert proc.returncode == 1 and message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert sorted(p.name for p in val.iterdir()) == [f"ILSVRC2012_val_{i:08d}.JPEG" for i in range(1, 5)]
+
+
+def test_prepare_imagenet_val_refuses_alphabetical_synsets_that_would_mislabel_every_image(tmp_path):
+    """The devkit's ground truth for val 1..5 (490, 361, 171, 822, 297) with an alphabetical wnid list
+    (timm's imagenet_synsets.txt, as LOC_synset_mapping.txt) put val 1, a sea snake (n01751748 in
+    Kaggle's CSV), into n03000134, and the other four into wrong classes too, silently."""
+    val = tmp_path / "val"
+    val.mkdir()
+    for i in range(1, 6):
+        Image.new("RGB", (8, 8)).save(val / f"ILSVRC2012_val_{i:08d}.JPEG")
+    (tmp_path / "gt.txt").write_text("490\n361\n171\n822\n297\n")
+    alphabetical = (Path(timm.__file__).parent / "data" / "_info" / "imagenet_synsets.txt").read_text().split()
+    assert len(alphabetical) == 1000 and alphabetical == sorted(alphabetical)
+    synsets = tmp_path / "synsets.txt"
+    for wnids, message in [
+        (alphabetical, "alphabetical, not the devkit's ILSVRC2012_ID order"),
+        (alphabetical[:2] + alphabetical[:1], "n01440764 is listed 2 times"),
+    ]:
+        synsets.write_text("\n".join(wnids) + "\n")
+        proc = script("prepare_imagenet_val.py", val, "--labels", tmp_path / "gt.txt", "--synsets", synsets, check=False)
+        assert proc.returncode == 1 and message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+        assert len(list(val.glob("*.JPEG"))) == 5  # nothing moved
+    synsets.write_text("\n".join(alphabetical[1:2] + alphabetical[:1] + alphabetical[2:]) + "\n")  # not alphabetical
+    script("prepare_imagenet_val.py", val, "--labels", tmp_path / "gt.txt", "--synsets", synsets)
+    assert (val / alphabetical[489] / "ILSVRC2012_val_00000001.JPEG").is_file()
 
 
 def test_prepare_imagenet_val_refuses_a_csv_row_without_a_class(tmp_path):
