@@ -6,8 +6,8 @@
 DST/train/<class>/ and DST/val/<class>/ get symbolic links to SRC/train/<class>/ files: a seeded
 `fraction` of each class goes to DST/val, the rest to DST/train. SRC/val is never read. Train on
 DST with `data.root=DST`, pick the settings, then run them once on SRC. Files are listed as
-train.py lists them; names that lead to one file (a link farm's symbolic or hard links) stay on one
-side, so no held-out image is also trained on.
+train.py lists them; names that lead to one file (a link farm's symbolic or hard links), in one
+class folder or in several, stay on one side, so no held-out image is also trained on.
 """
 
 from __future__ import annotations
@@ -21,11 +21,10 @@ from pathlib import Path
 from dali_train.data.folder import list_images
 
 
-def split_class(files: list[str], fraction: float, rng: random.Random) -> tuple[list[str], list[str]]:
-    """(train, held out) of distinct files: at least one on each side (the class has two or more)."""
+def split_class(files: list[str], n_out: int, rng: random.Random) -> tuple[list[str], list[str]]:
+    """(train, held out) of distinct files: a seeded `n_out` of them held out."""
     shuffled = sorted(files)
     rng.shuffle(shuffled)
-    n_out = min(max(round(len(shuffled) * fraction), 1), len(shuffled) - 1)
     return sorted(shuffled[n_out:]), sorted(shuffled[:n_out])
 
 
@@ -49,9 +48,10 @@ def main(argv: list[str] | None = None) -> int:
     if not classes:
         sys.exit(f"error: {train}: no class folders (expected SRC/train/<class>/)")
     plan = {}  # checked for every class before any link is made
+    first_of: dict[tuple[int, int], str] = {}  # (device, inode) -> the realpath of its first name: hard links too
+    side_of: dict[str, str] = {}  # a file -> its side, for every class that holds it
     for cls in classes:
-        names_of: dict[str, list[str]] = {}  # a distinct file (the realpath of its first name) -> its names
-        first_of: dict[tuple[int, int], str] = {}  # (device, inode): hard links are one file too, not only symlinks
+        names_of: dict[str, list[str]] = {}  # a distinct file (the realpath of its first name) -> its names here
         for name in list_images(train / cls)[0]:
             path = train / cls / name
             info = os.stat(path)
@@ -59,8 +59,20 @@ def main(argv: list[str] | None = None) -> int:
             names_of.setdefault(target, []).append(name)
         if len(names_of) < 2:
             sys.exit(f"error: {train / cls}: {len(names_of)} distinct image(s); holding one out needs 2 or more")
-        kept, held_out = split_class(list(names_of), args.fraction, rng)
-        plan[cls] = {"train": [(t, names_of[t]) for t in kept], "val": [(t, names_of[t]) for t in held_out]}
+        # A file in several classes (a link farm, a dedup tool) keeps the side an earlier class gave it:
+        # split per class alone, one class held it out while another trained on it
+        free = [t for t in names_of if t not in side_of]
+        n_out = min(max(round(len(names_of) * args.fraction), 1), len(names_of) - 1)
+        n_out -= sum(side_of.get(t) == "val" for t in names_of)
+        kept, held_out = split_class(free, min(max(n_out, 0), len(free)), rng)
+        side_of.update({t: "train" for t in kept} | {t: "val" for t in held_out})
+        plan[cls] = {side: [(t, names_of[t]) for t in sorted(names_of) if side_of[t] == side] for side in ("train", "val")}
+        empty = next((side for side, targets in plan[cls].items() if not targets), None)
+        if empty is not None:
+            sys.exit(
+                f"error: {train / cls}: no image left for {empty}: its files are all on the other side for other "
+                "classes that hold them too (links between classes)"
+            )
     for cls in classes:
         for split, targets in plan[cls].items():
             (args.dst / split / cls).mkdir(parents=True)

@@ -437,6 +437,26 @@ def test_split_holdout_keeps_hard_links_of_one_file_on_one_side(tmp_path, capfd)
     assert len(list(dst.glob("val/*/*"))) == 6  # every name of a held-out file, and no other
 
 
+def test_split_holdout_keeps_a_file_in_several_classes_on_one_side(tmp_path, capfd):
+    """A file linked into two class folders was split per class: held out in one, trained on in the
+    other (imagenette-mini with 10 hard links from one class into another: 3 such leaks at 0.3)."""
+    src = tmp_path / "src"
+    for c, cls in enumerate(("a", "b", "c")):
+        (src / "train" / cls).mkdir(parents=True)
+        for i in range(8):
+            Image.new("RGB", (8, 8), (c * 80, i * 30, 0)).save(src / "train" / cls / f"{i}.JPEG")
+    for i in range(6):  # a's images also in b (hard links) and c (symbolic links)
+        os.link(src / "train" / "a" / f"{i}.JPEG", src / "train" / "b" / f"from_a_{i}.JPEG")
+        os.symlink(src / "train" / "a" / f"{i}.JPEG", src / "train" / "c" / f"from_a_{i}.JPEG")
+    for seed in range(5):
+        dst = tmp_path / f"holdout{seed}"
+        run_script("scripts/split_holdout.py", src, dst, "--fraction", "0.3", "--seed", seed, capfd=capfd)
+        inodes = {side: {p.stat().st_ino for p in dst.glob(f"{side}/*/*")} for side in ("train", "val")}
+        assert not inodes["train"] & inodes["val"], seed
+        assert all(len(list(dst.glob(f"{side}/{cls}/*"))) for side in ("train", "val") for cls in "abc")
+        assert len(list(dst.glob("*/*/*"))) == 3 * 8 + 2 * 6  # every name once
+
+
 def test_make_synthetic_imagenet_links_make_long_epochs(tmp_path, capfd):
     out = tmp_path / "farm"
     proc = run_script("scripts/make_synthetic_imagenet.py", "--out", out, "--classes", 2, "--train-per-class", 3,
