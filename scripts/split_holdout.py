@@ -7,7 +7,8 @@ DST/train/<class>/ and DST/val/<class>/ get symbolic links to SRC/train/<class>/
 `fraction` of each class goes to DST/val, the rest to DST/train. SRC/val is never read. Train on
 DST with `data.root=DST`, pick the settings, then run them once on SRC. Files are listed as
 train.py lists them; names that lead to one file (a link farm's symbolic or hard links), in one
-class folder or in several, stay on one side, so no held-out image is also trained on.
+class folder or in several, stay on one side, so no held-out image is also trained on. DST appears complete or not at all (built in a hidden
+folder beside it, then renamed).
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 from dali_train.data.folder import list_images
@@ -73,13 +76,21 @@ def main(argv: list[str] | None = None) -> int:
                 f"error: {train / cls}: no image left for {empty}: its files are all on the other side for other "
                 "classes that hold them too (links between classes)"
             )
-    for cls in classes:
-        for split, targets in plan[cls].items():
-            (args.dst / split / cls).mkdir(parents=True)
-            for target, names in targets:
-                for name in names:
-                    os.symlink(target, args.dst / split / cls / name)
-                counts[split] += len(names)
+    # Built in a hidden folder beside DST and renamed into place: a split cut short (a kill) left a
+    # DST of the first classes only, which loads as a smaller dataset without a word
+    args.dst.parent.mkdir(parents=True, exist_ok=True)
+    building = Path(tempfile.mkdtemp(prefix=f".{args.dst.name}.partial-", dir=args.dst.parent))
+    try:
+        for cls in classes:
+            for split, targets in plan[cls].items():
+                (building / split / cls).mkdir(parents=True)
+                for target, names in targets:
+                    for name in names:
+                        os.symlink(target, building / split / cls / name)
+                    counts[split] += len(names)
+        os.rename(building, args.dst)
+    finally:
+        shutil.rmtree(building, ignore_errors=True)
     print(f"{args.dst}: {counts['train']} train / {counts['val']} held-out links from {train}")
     return 0
 

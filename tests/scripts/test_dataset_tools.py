@@ -10,6 +10,7 @@ import resource
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -455,6 +456,30 @@ def test_split_holdout_keeps_a_file_in_several_classes_on_one_side(tmp_path, cap
         assert not inodes["train"] & inodes["val"], seed
         assert all(len(list(dst.glob(f"{side}/{cls}/*"))) for side in ("train", "val") for cls in "abc")
         assert len(list(dst.glob("*/*/*"))) == 3 * 8 + 2 * 6  # every name once
+
+
+def test_split_holdout_killed_mid_way_leaves_no_dst(tmp_path):
+    """Killed while linking, it left DST with the first classes only (100 classes of 600: a DST of 20
+    train and 19 val classes that scan_dataset loads as a dataset), and the next pipeline step
+    trained on it."""
+    src = tmp_path / "src"
+    for c in range(30):
+        (src / "train" / f"n{c:08d}").mkdir(parents=True)
+        for i in range(300):  # split_holdout lists names, it never decodes: empty files are enough
+            (src / "train" / f"n{c:08d}" / f"{i}.JPEG").touch()
+    dst = tmp_path / "out" / "holdout"
+    (tmp_path / "out").mkdir()
+    proc = subprocess.Popen(
+        [sys.executable, str(REPO / "scripts" / "split_holdout.py"), str(src), str(dst)],
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    while proc.poll() is None and not any((tmp_path / "out").iterdir()):  # linking has begun
+        time.sleep(0.001)
+    proc.kill()
+    proc.wait()
+    assert not dst.exists() or len(list(dst.glob("*/*/*"))) == 30 * 300
+    script("split_holdout.py", src, tmp_path / "again")  # the rerun into a new DST works
+    assert len(list((tmp_path / "again").glob("*/*/*"))) == 30 * 300
 
 
 def test_make_synthetic_imagenet_links_make_long_epochs(tmp_path, capfd):
