@@ -70,9 +70,12 @@ def make_image_folder(
     seed: int = 0,
     workers: int = 1,
     progress: Callable[[int], None] | None = None,
+    train_links: int = 1,
 ) -> Path:
-    """Write `root/{train,val}/<class>/*.JPEG`; built in a temp folder and renamed into place, so
-    a concurrent or interrupted run never leaves a half-written dataset at `root`."""
+    """Write `root/{train,val}/<class>/*.JPEG`, each train JPEG listed `train_links` times
+    (`link_copies`); built in a temp folder and renamed into place, links included, so a concurrent
+    or interrupted run never leaves a half-written dataset at `root` (nor one whose classes have
+    different numbers of copies: a biased train set that a rerun would refuse to replace)."""
     root = Path(root)
     root.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{root.name}-", dir=root.parent))
@@ -90,6 +93,8 @@ def make_image_folder(
             for job in jobs:
                 n = _write_class(job)
                 progress and progress(n)
+        if train_links > 1:
+            link_copies(tmp, "train", train_links)
         try:
             os.rename(tmp, root)
         except OSError:  # another process finished first: keep theirs

@@ -497,6 +497,19 @@ def test_make_synthetic_imagenet_links_make_long_epochs(tmp_path, capfd):
     assert x.returncode != 0
 
 
+def test_the_links_are_made_before_the_folder_appears(tmp_path):
+    """A kill while linking left a farm whose first classes had N entries per JPEG and the rest
+    one (a biased train set), which a rerun refused to replace: the folder appeared before its links."""
+    from dali_train.data.sample import make_image_folder
+
+    seen = []  # what is at root while the images are being written: nothing, until the rename
+    root = make_image_folder(tmp_path / "farm", num_classes=2, train_per_class=3, val_per_class=1,
+                             train_links=4, progress=lambda n: seen.append((tmp_path / "farm").exists()))  # fmt: skip
+    assert seen and not any(seen)
+    per_class = [len(list(c.iterdir())) for c in sorted((root / "train").iterdir())]
+    assert per_class == [12, 12], per_class
+
+
 @pytest.mark.slow
 def test_measure_startup_on_a_small_link_farm(tmp_path):
     out = tmp_path / "startup.json"
