@@ -75,7 +75,8 @@ def main() -> None:
     jobs = [
         (str(p), str(dst / p.relative_to(src)), side, shorter, args.quality)
         for p in sorted(src.glob("*/*/*"))
-        if p.suffix.lower() in EXTENSIONS
+        # dotfiles (macOS's ._x.JPEG, hidden folders) are not images of the set: the loaders skip them too
+        if p.suffix.lower() in EXTENSIONS and not any(part.startswith(".") for part in p.relative_to(src).parts)
     ]
     if not jobs:
         sys.exit(f"error: {src}: no images under <split>/<class>/")

@@ -172,6 +172,9 @@ def test_resize_dataset_can_cap_the_shorter_side_as_fastais_copies(tmp_path):
     script("resize_dataset.py", tmp_path / "src", tmp_path / "dst", "--shorter-side", 150, "--workers", 1)
     sizes = {p.name: Image.open(p).size for p in (tmp_path / "dst" / "train" / "c").iterdir()}
     assert sizes == {"wide.JPEG": (200, 150), "tall.JPEG": (150, 250)}, sizes
+    (src / "._wide.JPEG").write_bytes(b"\x00\x05\x16\x07 macOS resource fork")  # what a copy from a Mac leaves
+    again = script("resize_dataset.py", tmp_path / "src", tmp_path / "dst", "--shorter-side", 150, "--workers", 1)
+    assert "0 skipped" in again.stdout and not (tmp_path / "dst" / "train" / "c" / "._wide.JPEG").exists(), again.stdout
     both = script("resize_dataset.py", tmp_path / "src", tmp_path / "d2", "--shorter-side", 9, "--max-side", 9, check=False)
     assert both.returncode == 2 and "not allowed with argument" in both.stderr, both.stderr
 
