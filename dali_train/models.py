@@ -208,7 +208,7 @@ def load_pretrained(
     shape, except a classifier of another size (fine-tuning on other classes: left at its fresh
     initialization). Not strict: what fits is loaded, with a warning that counts the rest.
     `evaluate` (the model options of a trainer.eval_only run): no tensor may be left at its
-    initialization, the head included, and one of our checkpoints must be evaluated as the network
+    initialization, the head included, nor any of the file unused, and one of our checkpoints must be evaluated as the network
     it was trained as (resume_fit.check_evaluated_network): its top-1 would be another network's."""
     state, which, ours = read_weights(path)
     state = _blurred_conv_keys(model, state)
@@ -229,6 +229,11 @@ def load_pretrained(
             f"model.pretrained={path}: trainer.eval_only=true would evaluate {len(missing) + len(head)} of {len(own)} "
             f"tensors at their fresh initialization (e.g. {first}: {theirs} in the file, {list(own[first].shape)} "
             f"here{', another class count' if head else ''}); evaluate it as the model it was trained as"
+        )
+    if evaluate is not None and unused:  # e.g. a self-attention layer this model lacks: another network
+        raise ModelError(
+            f"model.pretrained={path}: trainer.eval_only=true would leave {len(unused)} tensors of the file unused "
+            f"(e.g. {unused[0]}): it was trained as another network; evaluate it as the model it was trained as"
         )
     if strict and (missing or unused):
         raise ModelError(

@@ -44,7 +44,8 @@ def network_change(saved_config: dict[str, Any] | None, model: Mapping[str, Any]
     this run's model section, among those no saved tensor shows; None when the networks are the same."""
     # the blurs' filters are buffers built, not loaded, and kwargs may change only activations
     # (act_layer: mish) with every shape the same
-    for key, default in (("stem_blur_pool", False), ("blur_strided_convs", False), ("kwargs", {})):
+    # self_attention's tensors show, but by name the line says which option to set
+    for key, default in (("stem_blur_pool", False), ("blur_strided_convs", False), ("self_attention", False), ("kwargs", {})):
         then = (saved_config or {}).get("model", {}).get(key, default)
         now = model.get(key, default)
         if then != now:

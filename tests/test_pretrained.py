@@ -46,6 +46,17 @@ def test_an_evaluation_of_weights_of_another_class_count_is_one_line(small_root,
     assert_one_line_ending(ended, f"model.pretrained={five}", "fresh initialization", "another class count")
 
 
+def test_an_evaluation_that_leaves_tensors_of_the_file_unused_is_one_line(small_root, tmp_path):
+    """A layer this model lacks (a self-attention layer, say): with model.pretrained_strict=false, which
+    the strict error suggests, the evaluation scored the network without it and exited 0."""
+    more = tmp_path / "more.pt"
+    state = timm.create_model("test_resnet", num_classes=10).state_dict()
+    torch.save({**state, "attention.query.weight": torch.zeros(4, 4)}, more)
+    evaluate = args(small_root, "trainer.eval_only=true", f"model.pretrained={more}", "model.pretrained_strict=false")
+    ended = run_inprocess(evaluate, tmp_path / "run", check=False)
+    assert_one_line_ending(ended, f"model.pretrained={more}", "1 tensors of the file unused", "attention.query.weight")
+
+
 def test_a_resumed_job_does_not_need_the_pretrained_file(small_root, tmp_path):
     """A requeued job restores its last.pt, whose weights replace the pretrained ones: it failed
     once that file was gone ("model.pretrained=...: no such file"), a scratch file moved or deleted."""
