@@ -93,10 +93,10 @@ def progressive_size(data: DataConfig) -> Callable[[int], int]:
         return lambda epoch: data.train_size
 
     def size_at(epoch: int) -> int:
+        if epoch >= p.end_epoch:  # first: with start_epoch == end_epoch, end_size from end_epoch on
+            return p.end_size
         if epoch <= p.start_epoch:
             return p.start_size
-        if epoch >= p.end_epoch:
-            return p.end_size
         size = p.start_size + (epoch - p.start_epoch) / (p.end_epoch - p.start_epoch) * (p.end_size - p.start_size)
         # Ends exact as FFCV's get_resolution, not refused off the step: a fixed train_size may be any size.
         low, high = sorted((p.start_size, p.end_size))  # rounding never leaves them (more memory than budgeted)

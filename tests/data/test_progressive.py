@@ -33,6 +33,11 @@ def test_ends_off_the_step_are_trained_at_exactly(start, end, step, expected):
     assert sizes(start, end, step) == expected
 
 
+def test_a_step_change_at_one_epoch_trains_end_size_from_that_epoch():
+    """start_epoch == end_epoch (allowed): the start check came first, so end_size began an epoch late."""
+    assert sizes(128, 192, 32, start_epoch=2, end_epoch=2) == [128, 128, 192, 192, 192]
+
+
 def test_the_ramp_never_leaves_its_ends():
     for start, end, step in itertools.product((24, 40, 57, 100), (40, 56, 100), (8, 16, 32)):
         if min(start, end) < step:  # refused by the config
