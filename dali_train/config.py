@@ -82,7 +82,7 @@ class DataConfig:
     name: str = MISSING  # preset name (sample, imagenet, imagenette, ...), for logs only
     root: str = MISSING  # folder with train/<class>/*.JPEG and val/<class>/*.JPEG
     generate_sample: bool = False  # create the built-in sample dataset at root if it is absent
-    train_size: int = 224  # side of the random-resized crop fed to the model, px
+    train_size: int = 224  # side of the train crop (or squish) fed to the model, px
     val_size: int = 224  # side of the center crop at validation, px
     val_resize: int = 256  # shorter side before the validation center crop, px
     # random_resized_crop | resize (the whole image squished to train_size²) | random_square_crop (the

@@ -3,7 +3,7 @@
 (`--max-side`, FFCV's 500 px ImageNet) or a shorter side of N px (`--shorter-side`, fastai's 160 px
 and 320 px Imagenette and Imagewoof): smaller files, faster decode, same layout.
 
-    python scripts/resize_dataset.py data/imagenette data/imagenette-160 --max-side 160 --quality 90
+    python scripts/resize_dataset.py data/imagenet data/imagenet-500 --max-side 500 --quality 90
     python scripts/resize_dataset.py data/imagewoof2-320 data/imagewoof2-160 --shorter-side 160
 
 Images already within N px are re-encoded only if they are not JPEG; output files are JPEG with the

@@ -3,7 +3,8 @@
 Same file list, class indices, epoch order and normalization as the DALI loaders (the shards come
 from `order.epoch_order`, as for DALI, instead of `DistributedSampler`, so that both loaders pad,
 reshuffle and resume identically); same augmentation semantics: RandomResizedCrop(scale, ratio)
-(or the whole image squished to the train size) and a horizontal flip for train; for val, resize
+(or the whole image squished to the train size, or the shorter side scaled to it and a random
+square crop) and a horizontal flip for train; for val, resize
 of the shorter side (or the whole image, squished) then center crop.
 """
 
