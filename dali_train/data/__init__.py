@@ -221,8 +221,7 @@ def build_loaders(
         std=tuple(data.std),
         half=half,
         channels_last=channels_last,
-        random_crop=data.train_transform == "random_resized_crop",
-        square_crop=data.train_transform == "random_square_crop",
+        train_crop=data.train_transform,
         val_resize_whole=data.val_resize_mode == "whole",
     )
     train, val = FILE_LOADERS[loader.name](

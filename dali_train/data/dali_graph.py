@@ -118,7 +118,7 @@ def train_pipeline(source, shard_id, num_shards, placement, settings, t, size):
         pad_last_batch=True,
         name="Reader",
     )
-    if t.random_crop:
+    if t.train_crop == "random_resized_crop":
         images = fn.decoders.image_random_crop(
             jpegs,
             device=placement.decoder,
@@ -128,7 +128,7 @@ def train_pipeline(source, shard_id, num_shards, placement, settings, t, size):
             num_attempts=10,
             **_decoder_kwargs(placement, settings),
         )
-    elif t.square_crop:  # the largest square, decoded alone (a region decode), then resized
+    elif t.train_crop == "random_square_crop":  # the largest square, decoded alone (a region decode), then resized
         shape = fn.peek_image_shape(jpegs, adjust_orientation=False)  # H, W, C as decoded
         side = fn.cast(dmath.min(shape[0], shape[1]), dtype=types.FLOAT)
         images = fn.decoders.image_crop(

@@ -47,9 +47,9 @@ class FileListDataset(Dataset):
 
 
 def train_transform(size: int, t: Transform) -> Callable:
-    if t.random_crop:
+    if t.train_crop == "random_resized_crop":
         crop = T.RandomResizedCrop(size, scale=t.crop_scale, ratio=t.crop_ratio, antialias=True)
-    elif t.square_crop:
+    elif t.train_crop == "random_square_crop":
         crop = T.Compose([T.Resize(size, antialias=True), T.RandomCrop(size)])
     else:
         crop = T.Resize((size, size), interpolation=T.InterpolationMode.BILINEAR, antialias=True)

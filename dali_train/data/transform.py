@@ -20,6 +20,5 @@ class Transform:
     std: tuple[float, float, float]
     half: bool  # fp16 output (AMP); DALI has no bf16 type, autocast converts at the first layer
     channels_last: bool  # HWC output, handed to torch as an NCHW view with channels_last strides
-    random_crop: bool = True  # train: random-resized crop; False = the whole image squished to the train size
-    square_crop: bool = False  # train (random_crop False): the largest square at a random place, not the squish
+    train_crop: str = "random_resized_crop"  # data.train_transform: random_resized_crop | resize | random_square_crop
     val_resize_whole: bool = False  # val: squish the whole image to val_resize² (else its shorter side) before the crop
