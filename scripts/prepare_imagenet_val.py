@@ -35,7 +35,8 @@ from tqdm import tqdm
 def read_labels(labels: Path, synsets: Path | None, files: list[str]) -> dict[str, str]:
     """file stem -> wnid."""
     if labels.suffix == ".csv":
-        with open(labels, newline="") as f:
+        # utf-8-sig: a CSV saved by Excel starts with a byte-order mark, which hid the ImageId column
+        with open(labels, newline="", encoding="utf-8-sig") as f:
             rows = csv.DictReader(f)
             if not rows.fieldnames or not {"ImageId", "PredictionString"} <= set(rows.fieldnames):
                 sys.exit(f"error: --labels {labels}: expected the columns ImageId,PredictionString")
@@ -104,13 +105,21 @@ def main() -> None:
     val = Path(args.val_dir)
     if not val.is_dir():
         sys.exit(f"error: {val}: no such folder")
-    files = sorted(p.name for p in val.iterdir() if p.is_file() and p.suffix.lower() in (".jpeg", ".jpg"))
+    files = sorted(  # dotfiles (macOS's ._x.JPEG) are no images of the set: the loaders skip them too
+        p.name
+        for p in val.iterdir()
+        if p.is_file() and p.suffix.lower() in (".jpeg", ".jpg") and not p.name.startswith(".")
+    )
     if not files:
         sys.exit(f"error: {val}: no flat .JPEG files (already sorted into class folders?)")
     labels_path = Path(args.labels)
     if not labels_path.is_file():
         sys.exit(f"error: --labels {labels_path}: no such file")
-    wnid_of = read_labels(labels_path, Path(args.synsets) if args.synsets else None, files)
+    try:
+        wnid_of = read_labels(labels_path, Path(args.synsets) if args.synsets else None, files)
+    except UnicodeDecodeError as e:  # a binary file or another encoding given as --labels or --synsets
+        which = f"--labels {labels_path}" + (f" or --synsets {args.synsets}" if args.synsets else "")
+        sys.exit(f"error: {which}: not UTF-8 text ({e.reason} at byte {e.start})")
     missing = [f for f in files if Path(f).stem not in wnid_of]
     if missing:
         sys.exit(f"error: --labels {labels_path}: no label for {len(missing)} files, e.g. {missing[0]}")

@@ -318,6 +318,24 @@ def test_prepare_imagenet_val_refuses_a_csv_row_without_a_class(tmp_path):
     assert proc.returncode == 1 and "line 2 (ILSVRC2012_val_00000001) has no class" in proc.stderr, proc.stderr
 
 
+def test_prepare_imagenet_val_takes_excels_csv_and_a_macs_folder_and_refuses_binary_labels(tmp_path):
+    """A CSV with a byte-order mark was refused as lacking its columns; a macOS ._ file counted as an
+    image without a label; labels that are not UTF-8 were a traceback."""
+    val = tmp_path / "val"
+    val.mkdir()
+    Image.new("RGB", (8, 8)).save(val / "ILSVRC2012_val_00000001.JPEG")
+    (val / "._ILSVRC2012_val_00000001.JPEG").write_bytes(b"\x00\x05\x16\x07 resource fork")
+    sol = tmp_path / "sol.csv"
+    sol.write_text("ImageId,PredictionString\nILSVRC2012_val_00000001,n01440764 1 2 3 4\n", encoding="utf-8-sig")
+    binary = tmp_path / "bin.csv"
+    binary.write_bytes(b"\xff\xfe\x00I\x00m\x80\x81")
+    bad = script("prepare_imagenet_val.py", val, "--labels", binary, check=False)
+    assert bad.returncode == 1 and bad.stderr.strip().startswith("error: --labels") and "not UTF-8" in bad.stderr, bad.stderr
+    script("prepare_imagenet_val.py", val, "--labels", sol)
+    assert (val / "n01440764" / "ILSVRC2012_val_00000001.JPEG").is_file()
+    assert (val / "._ILSVRC2012_val_00000001.JPEG").is_file()  # left where it was
+
+
 def test_prepare_imagenet_val_copy_cut_short_is_one_line_and_the_rerun_redoes_that_file(tmp_path):
     """A copy cut short (here by a file-size limit: EFBIG, as a full disk gives ENOSPC) left a
     truncated target, which the rerun took as done: a val image that cannot be decoded."""
