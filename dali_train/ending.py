@@ -73,9 +73,10 @@ def _disk_full(e: BaseException) -> bool:
 
 
 # What torch's backends say when a collective waited past its timeout: gloo ("Timed out waiting
-# 1800000ms for recv operation"), NCCL's watchdog ("Watchdog caught collective operation timeout").
+# 1800000ms for recv operation", or, when the timeout closes the connection first, "Application
+# timeout caused pair closure"), NCCL's watchdog ("Watchdog caught collective operation timeout").
 # Not any "timeout": a CUDA launch that "timed out" or a file system's is another error.
-_COLLECTIVE_TIMEOUT_MARKERS = ("Timed out waiting", "collective operation timeout")
+_COLLECTIVE_TIMEOUT_MARKERS = ("Timed out waiting", "Application timeout caused pair closure", "collective operation timeout")
 
 
 def _collective_timeout(e: BaseException) -> bool:

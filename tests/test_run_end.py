@@ -276,5 +276,9 @@ def test_under_a_process_group_only_a_collectives_timeout_is_blamed_on_the_other
         gloo = RuntimeError("[gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 4000ms for recv operation")
         ending = ending_for(gloo, shape, 4, training=True)
         assert ending.state == "collective timed out" and "Timed out waiting 4000ms" in ending.message
+        # gloo's other words for it, when the timeout closed the connection first (the test above met
+        # them once in CI: "crashed" with a traceback, exit 1)
+        closed = RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Application timeout caused pair closure")
+        assert ending_for(closed, shape, 4, training=True).state == "collective timed out"
     finally:
         torch.distributed.destroy_process_group()
