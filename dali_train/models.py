@@ -208,8 +208,9 @@ def load_pretrained(
     shape, except a classifier of another size (fine-tuning on other classes: left at its fresh
     initialization). Not strict: what fits is loaded, with a warning that counts the rest.
     `evaluate` (the model options of a trainer.eval_only run): no tensor may be left at its
-    initialization, the head included, nor any of the file unused, and one of our checkpoints must be evaluated as the network
-    it was trained as (resume_fit.check_evaluated_network): its top-1 would be another network's."""
+    initialization, the head included, nor any of the file unused, and one of our checkpoints must be
+    evaluated as the network it was trained as (resume_fit.check_evaluated_network): its top-1 would
+    be another network's."""
     state, which, ours = read_weights(path)
     state = _blurred_conv_keys(model, state)
     own = model.state_dict()

@@ -7,8 +7,8 @@ DST/train/<class>/ and DST/val/<class>/ get symbolic links to SRC/train/<class>/
 `fraction` of each class goes to DST/val, the rest to DST/train. SRC/val is never read. Train on
 DST with `data.root=DST`, pick the settings, then run them once on SRC. Files are listed as
 train.py lists them; names that lead to one file (a link farm's symbolic or hard links), in one
-class folder or in several, stay on one side, so no held-out image is also trained on. DST appears complete or not at all (built in a hidden
-folder beside it, then renamed).
+class folder or in several, stay on one side, so no held-out image is also trained on. DST appears
+complete or not at all (built in a hidden folder beside it, then renamed).
 """
 
 from __future__ import annotations
