@@ -182,6 +182,7 @@ class Fit:
         self.summary.update(
             val_top1=metrics["top1"],
             val_top5=metrics["top5"],
+            val_top1_no_tta=metrics["top1_no_tta"],
             val_loss=metrics["loss"],
             best_val_top1=self.best_top1,
             val_samples=metrics["samples"],

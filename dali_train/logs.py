@@ -176,6 +176,7 @@ class MetricsWriter:
                 "val_loss": val.get("loss"),
                 "val_top1": val.get("top1"),
                 "val_top5": val.get("top5"),
+                "val_top1_no_tta": val.get("top1_no_tta"),  # null unless trainer.val_flip_tta
                 "val_samples": val.get("samples"),
                 "train_img_s": stats.img_per_s,
                 "data_wait_frac": stats.data_wait_frac,

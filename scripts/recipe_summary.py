@@ -1,6 +1,6 @@
 #!/usr/bin/env python
-"""Seeds of a recipe → one markdown row: last-epoch top-1 per seed, mean ± std, val_samples, wall
-time, and time to accuracy marks (the first epoch whose val top-1 reached each, from metrics.jsonl).
+"""Seeds of a recipe → one markdown row: last-epoch top-1 per seed, mean ± std (and without flip TTA,
+where the runs validated with it), val_samples, wall time, and time to accuracy marks (the first epoch whose val top-1 reached each, from metrics.jsonl).
 
     python scripts/recipe_summary.py OUT/runs/imagenette_128_5ep_s0 OUT/runs/imagenette_128_5ep_s1 ...
 
@@ -48,6 +48,12 @@ def span(values: list[float | None]) -> str:
     return f"{min(seen):.0f}–{max(seen):.0f} s" if len(seen) > 1 else f"{seen[0]:.0f} s"
 
 
+def mean_std(values: list[float]) -> str:
+    if not values:
+        return "–"
+    return f"{statistics.mean(values):.2f}" + (f" ± {statistics.stdev(values):.2f}" if len(values) > 1 else "")  # one run has no spread
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("runs", nargs="+", type=Path, help="run dirs (each with summary.json and metrics.jsonl)")
@@ -57,12 +63,12 @@ def main(argv: list[str] | None = None) -> int:
     for run in args.runs:
         groups.setdefault(re.sub(r"_s\d+$", "", run.name), []).append(run)
     marks = " / ".join(f"{m:g}%" for m in args.marks)
-    print(f"| recipe | top-1 per seed | mean ± std | val_samples | wall time | to {marks} |")
-    print("|---|---|---:|---|---:|---:|")
+    print(f"| recipe | top-1 per seed | mean ± std | without flip TTA | val_samples | wall time | to {marks} |")
+    print("|---|---|---:|---:|---|---:|---:|")
     for name, runs in groups.items():
         missing = [str(r) for r in runs if not (r / "summary.json").is_file()]
         if missing:
-            print(f"| {name} | no summary.json in {', '.join(missing)} | | | | |")
+            print(f"| {name} | no summary.json in {', '.join(missing)} | | | | | |")
             continue
         summaries = [json.loads((r / "summary.json").read_text()) for r in runs]
         rows = [read_rows(r / "metrics.jsonl") for r in runs]
@@ -73,14 +79,13 @@ def main(argv: list[str] | None = None) -> int:
             f"{s['val_top1']:.2f}" if d else f"{_top1(s.get('val_top1'))} ({s.get('end_state', 'no end_state')})"
             for s, d in zip(summaries, done, strict=True)
         ]
-        mean = "–" if not top1 else f"{statistics.mean(top1):.2f}"
-        if len(top1) > 1:  # one run has no spread
-            mean += f" ± {statistics.stdev(top1):.2f}"
+        # the unflipped pass's top-1 of runs that validated with trainer.val_flip_tta (the leaderboards' rules)
+        no_tta = [s["val_top1_no_tta"] for s, d in zip(summaries, done, strict=True) if d and s.get("val_top1_no_tta") is not None]
         # Both time the run from its start over its jobs (summary.json from 2026-12-01; before, its last job only).
         wall = [max(s.get("wall_time_s") or 0.0, r[-1]["wall_time_s"] if r else 0.0) for s, r in zip(summaries, rows, strict=True)]
         reached = " / ".join(span([time_to(r, m) for r in rows]) for m in args.marks)
         print(
-            f"| {name} | {', '.join(shown)} | {mean} | {sorted({s.get('val_samples') for s in summaries}, key=str)} "
+            f"| {name} | {', '.join(shown)} | {mean_std(top1)} | {mean_std(no_tta) if len(no_tta) == len(top1) else '–'} | {sorted({s.get('val_samples') for s in summaries}, key=str)} "
             f"| {span(wall)} | {reached} |"
         )
     return 0

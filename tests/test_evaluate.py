@@ -26,3 +26,5 @@ def test_evaluate_with_flip_tta_scores_the_mean_logits_of_each_image_and_its_mir
     assert tta["top1"] == pytest.approx(100 * (logits.argmax(1) == labels).float().mean().item())
     assert tta["loss"] == pytest.approx(torch.nn.functional.cross_entropy(logits, labels).item(), rel=1e-5)
     assert tta["loss"] != pytest.approx(plain["loss"], rel=1e-3)
+    # the unflipped pass alone, as the leaderboards' rules (no TTA) count it; None without the flip
+    assert tta["top1_no_tta"] == plain["top1"] and plain["top1_no_tta"] is None

@@ -18,11 +18,12 @@ def test_seeds_of_a_recipe_become_one_row_with_time_to_accuracy(small_root, tmp_
     for seed, run in enumerate(runs):
         # seed 1 validates its last epoch only: its epoch-0 row has a null val_top1, which no mark reaches
         every = "trainer.val_every_n_epochs=2" if seed else "trainer.val_every_n_epochs=1"
-        run_inprocess([*TINY, f"data.root={small_root}", "trainer.epochs=2", f"seed={seed}", every], run)
+        run_inprocess([*TINY, f"data.root={small_root}", "trainer.epochs=2", f"seed={seed}", every, "trainer.val_flip_tta=true"], run)
     rows = [[json.loads(line) for line in (r / "metrics.jsonl").read_text().splitlines()] for r in runs]
     assert rows[0][0]["val_top1"] is not None and rows[1][0]["val_top1"] is None
     assert all(0 < a["wall_time_s"] < b["wall_time_s"] for a, b in rows)  # grows epoch by epoch
     top1 = [r[-1]["val_top1"] for r in rows]
+    no_tta = [r[-1]["val_top1_no_tta"] for r in rows]  # the unflipped pass of the same validation
     out = subprocess.run(
         [sys.executable, str(REPO / "scripts" / "recipe_summary.py"), *map(str, runs), "--marks", "0", "101"],
         capture_output=True,
@@ -31,6 +32,7 @@ def test_seeds_of_a_recipe_become_one_row_with_time_to_accuracy(small_root, tmp_
     ).stdout
     row = out.splitlines()[-1]
     assert row.startswith("| tiny | ") and f"{statistics.mean(top1):.2f} ± {statistics.stdev(top1):.2f}" in row
+    assert f"± {statistics.stdev(top1):.2f} | {statistics.mean(no_tta):.2f} ± {statistics.stdev(no_tta):.2f} |" in row
     assert "[50]" in row  # val_samples of every seed
     first_validated = sorted([rows[0][0]["wall_time_s"], rows[1][1]["wall_time_s"]])
     assert f"{first_validated[0]:.0f}–{first_validated[1]:.0f} s / –" in row  # 0% when first validated; 101% never
