@@ -122,7 +122,7 @@ def test_resume_continues_at_the_next_epoch(small_root, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("optimizer", ["optimizer=sgd", "optimizer=ranger"])  # ranger: Lookahead's sync counter
+@pytest.mark.parametrize("optimizer", ["optimizer=sgd", "optimizer=ranger", "optimizer=muon"])  # ranger: Lookahead's sync counter; muon: the 5-epoch recipe's
 def test_resume_equals_an_uninterrupted_run(small_root, tmp_path, optimizer):
     common = [*TINY, f"data.root={small_root}", "trainer.deterministic=true", "loader.batch_size=8", optimizer]
     straight, half, rest = tmp_path / "straight", tmp_path / "half", tmp_path / "rest"
