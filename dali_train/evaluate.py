@@ -23,7 +23,7 @@ def evaluate(
     amp_dtype: torch.dtype | None = None,
     max_steps: int | None = None,
     flip_tta: bool = False,
-) -> dict[str, float]:
+) -> dict[str, float | None]:
     """Top-1/top-5 and loss over this rank's val shard, summed as exact counts across ranks.
     `flip_tta`: of the mean logits of each image and its left-right mirror; then `top1_no_tta` is the
     top-1 of the unflipped pass alone (the leaderboards' rules forbid TTA), else None."""

@@ -188,6 +188,8 @@ class MetricsWriter:
         points = {"train/epoch_loss": stats.loss}
         if metrics is not None:
             points.update({"val/top1": metrics["top1"], "val/top5": metrics["top5"], "val/loss": metrics["loss"]})
+            if metrics.get("top1_no_tta") is not None:
+                points["val/top1_no_tta"] = metrics["top1_no_tta"]
         self.scalars(points, global_step)
         if metrics is None:
             shown = "not validated (trainer.val_every_n_epochs)"

@@ -4,6 +4,7 @@ option objects of `dali_train.options` (checked there); each builder is chosen b
 from __future__ import annotations
 
 import functools
+import inspect
 import logging
 import math
 
@@ -80,11 +81,15 @@ def newton_schulz_in_fp32_on_cpu() -> None:
     if getattr(original, "fp32_on_cpu", False):
         return
 
+    signature = inspect.signature(original)
+
     @functools.wraps(original)
     def newton_schulz(G: torch.Tensor, *args, **kwargs) -> torch.Tensor:
-        if G.device.type == "cpu":
-            kwargs["dtype"] = torch.float32
-        return original(G, *args, **kwargs)
+        call = signature.bind(G, *args, **kwargs)
+        call.apply_defaults()
+        if G.device.type == "cpu" and call.arguments["dtype"] == torch.bfloat16:
+            call.arguments["dtype"] = torch.float32
+        return original(*call.args, **call.kwargs)
 
     newton_schulz.fp32_on_cpu = True
     muon.zeropower_via_newtonschulz = newton_schulz

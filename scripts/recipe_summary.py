@@ -54,6 +54,14 @@ def mean_std(values: list[float]) -> str:
     return f"{statistics.mean(values):.2f}" + (f" ± {statistics.stdev(values):.2f}" if len(values) > 1 else "")  # one run has no spread
 
 
+def no_tta_column(no_tta: list[float], top1: list[float]) -> str:
+    """Mean ± std of the unflipped top-1 when every completed seed validated with the flip; which
+    share did when only some did (their top-1 mixes both kinds); "–" when none did."""
+    if no_tta and len(no_tta) < len(top1):
+        return f"{len(no_tta)}/{len(top1)} runs with the flip"
+    return mean_std(no_tta)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("runs", nargs="+", type=Path, help="run dirs (each with summary.json and metrics.jsonl)")
@@ -85,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         wall = [max(s.get("wall_time_s") or 0.0, r[-1]["wall_time_s"] if r else 0.0) for s, r in zip(summaries, rows, strict=True)]
         reached = " / ".join(span([time_to(r, m) for r in rows]) for m in args.marks)
         print(
-            f"| {name} | {', '.join(shown)} | {mean_std(top1)} | {mean_std(no_tta) if len(no_tta) == len(top1) else '–'} | {sorted({s.get('val_samples') for s in summaries}, key=str)} "
+            f"| {name} | {', '.join(shown)} | {mean_std(top1)} | {no_tta_column(no_tta, top1)} | {sorted({s.get('val_samples') for s in summaries}, key=str)} "
             f"| {span(wall)} | {reached} |"
         )
     return 0

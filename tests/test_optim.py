@@ -80,6 +80,7 @@ def test_muon_orthogonalizes_in_fp32_on_cpu_and_steps():
     opt = build_optimizer(opt_cfg(name="muon", lr=1.6e-2, scale_lr=False), model, global_batch=32)
     coefficients = muon.resolve_ns_coefficients("quintic", muon._COEFFICIENTS)
     assert muon.zeropower_via_newtonschulz(torch.randn(4, 8), 5, coefficients).dtype == torch.float32
+    assert muon.zeropower_via_newtonschulz(torch.randn(4, 8, device="meta"), 5, coefficients).dtype == torch.bfloat16
     before = model[0].weight.detach().clone()
     model(torch.randn(2, 3, 8, 8)).sum().backward()
     opt.step()
