@@ -65,3 +65,19 @@ def test_an_unfinished_seed_is_marked_and_a_resumed_run_times_from_its_start(sma
     top1 = resumed.summary["val_top1"]
     # the stopped seed has no top-1 (not 0.00), and one completed seed no spread (not ± 0.00)
     assert f"| {top1:.2f}, – (job done) | {top1:.2f} |" in row, row
+
+
+def test_a_group_where_only_some_seeds_validated_with_the_flip_says_so(tmp_path):
+    """Their top-1s mix flipped and unflipped validation: the no-TTA column names the share, and is
+    no mean of one kind."""
+    for seed, no_tta in ((0, 79.0), (1, None)):
+        run = tmp_path / f"tiny_s{seed}"
+        run.mkdir()
+        row = {"epoch": 0, "val_top1": 80.0 + seed, "val_top1_no_tta": no_tta, "wall_time_s": 10.0}
+        (run / "metrics.jsonl").write_text(json.dumps(row) + "\n")
+        summary = {"end_state": "completed", "val_samples": 50, "wall_time_s": 10.0, **row}
+        (run / "summary.json").write_text(json.dumps(summary))
+    script = str(REPO / "scripts" / "recipe_summary.py")
+    runs = [str(tmp_path / f"tiny_s{seed}") for seed in (0, 1)]
+    out = subprocess.run([sys.executable, script, *runs], capture_output=True, text=True, check=True).stdout
+    assert "| 80.50 ± 0.71 | 1/2 runs with the flip |" in out.splitlines()[-1]
