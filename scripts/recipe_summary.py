@@ -1,6 +1,7 @@
 #!/usr/bin/env python
 """Seeds of a recipe → one markdown row: last-epoch top-1 per seed, mean ± std (and without flip TTA,
-where the runs validated with it), val_samples, wall time, and time to accuracy marks (the first epoch whose val top-1 reached each, from metrics.jsonl).
+where the runs validated with it), val_samples, wall time, and time to accuracy marks (the first
+epoch whose val top-1 reached each, from metrics.jsonl).
 
     python scripts/recipe_summary.py OUT/runs/imagenette_128_5ep_s0 OUT/runs/imagenette_128_5ep_s1 ...
 
