@@ -59,7 +59,7 @@ def main() -> None:
             progress=bar.update,
             train_links=args.links,
         )
-    size = sum(f.stat().st_size for f in root.rglob("*.JPEG"))
+    size = sum(f.stat().st_size for f in root.rglob("*.JPEG") if not f.is_symlink())  # each JPEG once, not per link
     print(f"{total} images, {size / total / 1e3:.0f} KB average, in {root} ({time.perf_counter() - start:.0f} s)")
     if args.links > 1:
         print(f"train: {args.classes * args.train_per_class * args.links} entries ({args.links} per JPEG)")

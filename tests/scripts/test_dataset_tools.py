@@ -509,6 +509,9 @@ def test_make_synthetic_imagenet_links_make_long_epochs(tmp_path, capfd):
                       "--val-per-class", 1, "--width", 64, "--height", 48, "--links", 4, "--workers", 1,
                       capfd=capfd)  # fmt: skip
     assert "train: 24 entries (4 per JPEG)" in proc.stdout
+    jpegs = [f for f in out.rglob("*.JPEG") if not f.is_symlink()]
+    average_kb = round(sum(f.stat().st_size for f in jpegs) / len(jpegs) / 1e3)
+    assert f"8 images, {average_kb} KB average" in proc.stdout  # the files', not 4x (the links counted)
     ds = scan_dataset(str(out), verify=True)  # symlinks pass the pre-flight check like files
     assert len(ds.train) == 24 and len(ds.val) == 2
     links = [Path(f) for f in ds.train.files if Path(f).is_symlink()]
