@@ -50,7 +50,7 @@ from dali_train.distributed import init_distributed, shutdown
 from dali_train.engine import TrainParts, train_step
 from dali_train.errors import UserError
 from dali_train.parts import build_train_parts
-from dali_train.throughput import PROFILE_STEPS, Endless, build_timing, timed_windows
+from dali_train.throughput import PROFILE_STEPS, Endless, build_timing, profiled_window, timed_windows
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 LOADERS = ("dali", "dali_cpu", "pytorch")  # the loaders a benchmark row or --variant can build on
@@ -98,9 +98,9 @@ def fail(message: str) -> None:
     sys.exit(2)
 
 
-def measure(loaders, work, cfg, dist, device, args, **profiling) -> dict:
+def measure(loaders, work, cfg, dist, device, args) -> dict:
     """Timed windows of `work` over the train loader's batches, plus its pipeline build times."""
-    needed = args.warmup + max(args.steps, PROFILE_STEPS if profiling.get("profile_to") else 0)
+    needed = args.warmup + max(args.steps, PROFILE_STEPS if args.profile else 0)
     if len(loaders.train) < needed:
         fail(
             f"data.root={cfg.data.root}: an epoch has {len(loaders.train)} steps per process, a timed window needs "
@@ -115,7 +115,6 @@ def measure(loaders, work, cfg, dist, device, args, **profiling) -> dict:
         steps=args.steps,
         warmup=args.warmup,
         repeats=args.repeats,
-        **profiling,
     )
     return build_timing(loaders.train) | result
 
@@ -128,20 +127,27 @@ def bench_training(cfg, dist, device, parts, loaders, args, loader_key: str) -> 
     parts.model.train()
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    result = measure(
-        loaders,
-        lambda x, y: train_step(parts, x, y, update=True),
-        cfg,
-        dist,
-        device,
-        args,
-        profile_to=Path(args.profile) if args.profile else None,
-        name=f"{cfg.model.name}_{loader_key}_compile{cfg.trainer.compile_mode if cfg.trainer.compile else 'off'}"
-        + (f"_rank{dist.rank}" if dist.enabled else ""),
-    )
+    result = measure(loaders, lambda x, y: train_step(parts, x, y, update=True), cfg, dist, device, args)
     if device.type == "cuda":
         result["peak_mem_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
     return result
+
+
+def profile_training(cfg, dist, device, parts, args, loader_key: str) -> None:
+    """--profile: 20 training steps of a row under torch.profiler, on fresh loaders, after every
+    row's timed windows (`throughput.profiled_window` says why)."""
+    half = amp_dtype_for(cfg.trainer.amp, device) is not None
+    loaders = make_loaders(cfg, dist, device, half)
+    parts.model.train()
+    profiled_window(
+        Endless(loaders.train),
+        lambda x, y: train_step(parts, x, y, update=True),
+        device=device,
+        warmup=args.warmup,
+        out=Path(args.profile),
+        name=f"{cfg.model.name}_{loader_key}_compile{cfg.trainer.compile_mode if cfg.trainer.compile else 'off'}"
+        + (f"_rank{dist.rank}" if dist.enabled else ""),
+    )
 
 
 def loader_cfg(args, overrides: list[str], name: str):
@@ -171,7 +177,7 @@ def compile_overrides(compile_: str) -> list[str]:
 
 
 def run(args, dist, device) -> list[dict]:
-    rows = []
+    rows, to_profile = [], []  # (config, model, loader name) of each row to profile once all are timed
     base = make_cfg(args.overrides)
     half = amp_dtype_for(base.trainer.amp, device) is not None
     if "loader" in args.modes:
@@ -209,6 +215,10 @@ def run(args, dist, device) -> list[dict]:
             rows.append({"mode": mode, "loader": name, "model": model, "compile": compile_, **r})
             rate = f"{r['img_s']:.0f} img/s, data wait {r['data_wait_frac']:.1%}"
             say(dist, f"{mode} {model} compile={compile_} {name}: {rate}")
+            if args.profile:
+                to_profile.append((cfg, parts, name))
+    for cfg, parts, name in to_profile:
+        profile_training(cfg, dist, device, parts, args, name)
     return rows
 
 
@@ -370,7 +380,11 @@ def parse_args(argv: list[str]):
     )
     ap.add_argument("--out", default="outputs/benchmark", help="folder for results.{json,md,png}")
     ap.add_argument("--plot", action="store_true", help="also write results.png (needs matplotlib)")
-    ap.add_argument("--profile", metavar="DIR", help="also profile 20 training steps of each model/e2e run into DIR")
+    ap.add_argument(
+        "--profile",
+        metavar="DIR",
+        help="also profile 20 training steps of each model/e2e row into DIR, after all are timed",
+    )
     ap.add_argument("--tune", action="store_true", help="e2e over --grid on loader=dali; write the best to --local")
     ap.add_argument(
         "--grid",

@@ -88,6 +88,10 @@ def test_variants_hold_and_profile_on_cpu(sample_root, tmp_path, capfd):
         "profile_test_resnet_deep_compileoff.txt",
     ]
     assert (prof / "trace_test_resnet_deep_compileoff.json.gz").is_file()
+    # every row timed before the first profile: a profile slows what follows it in the process (CUPTI stays attached)
+    lines = proc.stdout.splitlines()
+    last_row = max(i for i, line in enumerate(lines) if line.startswith(("e2e ", "loader-only ")))
+    assert last_row < min(i for i, line in enumerate(lines) if line.startswith("profile ")), proc.stdout
     assert "no GPU activity" in proc.stdout  # the summary of a CPU run says so
 
 
