@@ -94,9 +94,9 @@ def profile_window(batches, work, *, device, steps: int, out: Path, name: str) -
 
 def profiled_window(batches: Endless, work, *, device, warmup: int, out: Path, name: str) -> None:
     """`warmup` batches, then `profile_window` over PROFILE_STEPS batches of one epoch. Only after
-    every timed window of the process: once the profiler has run, CUPTI stays attached and each
-    CUDA launch costs more (pytorch/pytorch#144455); a ResNet-18 e2e row timed after a profiled one
-    measured 81.0% of model-only on an H200, 93.2% in a process without a profile."""
+    every timed window of the process: once the profiler has run, CUPTI can stay attached and make
+    each CUDA launch cost more (pytorch/pytorch#144455); in one A/B on an H200, a ResNet-18 e2e row
+    timed after a profiled row measured 81.0% of model-only, against 93.2% without a profile."""
     for _ in range(2):  # warmed up again in the next epoch if this one has too few batches left
         for _ in range(warmup):
             work(*next(batches))

@@ -97,9 +97,9 @@ train() {  # NAME TIMEOUT LAUNCHER...: train.py, 2 epochs of the long set, ResNe
 
 if [ "$MODE" = 1gpu ]; then
   export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
-  # --profile: 20 more steps per row under torch.profiler, once every row is timed (a profile slowed the ResNet-18
-  # rows timed after it to 81-86% of model-only: docs/benchmarks.md); OUT gets each row's summary (per-stream GPU
-  # busy time, idle time, host time waiting for data)
+  # --profile: 20 more steps per row under torch.profiler, once every row is timed (a profile can slow the rows
+  # timed after it: 81.0% against 93.2% in one A/B, docs/benchmarks.md); OUT gets each row's summary (per-stream
+  # GPU busy time, idle time, host time waiting for data)
   bench rn18 240 python -- --modes model e2e --loaders dali --models resnet18 --compile $COMPILES \
     ${PROFILE:+--profile "$RUNS/profiles"}
   cp "$RUNS"/profiles/profile_*.txt "$OUT"/ 2>/dev/null || echo "rn18: no profile summaries"
