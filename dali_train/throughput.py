@@ -52,6 +52,11 @@ class Endless:
     def __iter__(self):
         return self
 
+    def close(self) -> None:
+        """End the epoch's generator now: it holds this object, so the loader (a DALI pipeline's
+        threads and GPU memory) would otherwise live until the cycle collector runs."""
+        self._batches.close()
+
 
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
@@ -93,18 +98,17 @@ def profile_window(batches, work, *, device, steps: int, out: Path, name: str) -
 
 
 def profiled_window(batches: Endless, work, *, device, warmup: int, out: Path, name: str) -> None:
-    """`warmup` batches, then `profile_window` over PROFILE_STEPS batches of one epoch. Only after
+    """`warmup` batches of a fresh loader, then `profile_window` over PROFILE_STEPS batches of the
+    same epoch (the caller checks that one holds warmup + PROFILE_STEPS). Only after
     every timed window of the process: once the profiler has run, CUPTI can stay attached and make
     each CUDA launch cost more (pytorch/pytorch#144455); in one A/B on an H200, a ResNet-18 e2e row
     timed after a profiled row measured 81.0% of model-only, against 93.2% without a profile."""
-    for _ in range(2):  # warmed up again in the next epoch if this one has too few batches left
-        for _ in range(warmup):
-            work(*next(batches))
-        sync(device)
-        if batches.fits(PROFILE_STEPS):
-            break
-        batches.drain()
+    for _ in range(warmup):
+        work(*next(batches))
+    sync(device)
+    switches = len(batches.switch_s)
     profile_window(batches, work, device=device, steps=PROFILE_STEPS, out=out, name=name)
+    assert len(batches.switch_s) == switches, "the profile crossed an epoch switch (benchmark.py checks the length)"
 
 
 def timed_windows(batches: Endless, work, *, device, batch_size, world_size, steps, warmup, repeats) -> dict:

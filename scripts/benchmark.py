@@ -102,20 +102,25 @@ def measure(loaders, work, cfg, dist, device, args) -> dict:
     """Timed windows of `work` over the train loader's batches, plus its pipeline build times."""
     needed = args.warmup + max(args.steps, PROFILE_STEPS if args.profile else 0)
     if len(loaders.train) < needed:
+        what = f"--warmup + max(--steps, {PROFILE_STEPS} of --profile)" if args.profile else "--warmup + --steps"
         fail(
             f"data.root={cfg.data.root}: an epoch has {len(loaders.train)} steps per process, a timed window needs "
-            f"{needed} (--warmup + --steps) inside one; make a longer set (make_synthetic_imagenet.py --links N)"
+            f"{needed} ({what}) inside one; make a longer set (make_synthetic_imagenet.py --links N)"
         )
-    result = timed_windows(
-        Endless(loaders.train, hold=args.hold_batches),
-        work,
-        device=device,
-        batch_size=cfg.loader.batch_size,
-        world_size=dist.world_size,
-        steps=args.steps,
-        warmup=args.warmup,
-        repeats=args.repeats,
-    )
+    batches = Endless(loaders.train, hold=args.hold_batches)
+    try:
+        result = timed_windows(
+            batches,
+            work,
+            device=device,
+            batch_size=cfg.loader.batch_size,
+            world_size=dist.world_size,
+            steps=args.steps,
+            warmup=args.warmup,
+            repeats=args.repeats,
+        )
+    finally:
+        batches.close()
     return build_timing(loaders.train) | result
 
 
@@ -137,17 +142,20 @@ def profile_training(cfg, dist, device, parts, args, loader_key: str) -> None:
     """--profile: 20 training steps of a row under torch.profiler, on fresh loaders, after every
     row's timed windows (`throughput.profiled_window` says why)."""
     half = amp_dtype_for(cfg.trainer.amp, device) is not None
-    loaders = make_loaders(cfg, dist, device, half)
+    batches = Endless(make_loaders(cfg, dist, device, half).train, hold=args.hold_batches)
     parts.model.train()
-    profiled_window(
-        Endless(loaders.train),
-        lambda x, y: train_step(parts, x, y, update=True),
-        device=device,
-        warmup=args.warmup,
-        out=Path(args.profile),
-        name=f"{cfg.model.name}_{loader_key}_compile{cfg.trainer.compile_mode if cfg.trainer.compile else 'off'}"
-        + (f"_rank{dist.rank}" if dist.enabled else ""),
-    )
+    try:
+        profiled_window(
+            batches,
+            lambda x, y: train_step(parts, x, y, update=True),
+            device=device,
+            warmup=args.warmup,
+            out=Path(args.profile),
+            name=f"{cfg.model.name}_{loader_key}_compile{cfg.trainer.compile_mode if cfg.trainer.compile else 'off'}"
+            + (f"_rank{dist.rank}" if dist.enabled else ""),
+        )
+    finally:
+        batches.close()
 
 
 def loader_cfg(args, overrides: list[str], name: str):
@@ -177,7 +185,7 @@ def compile_overrides(compile_: str) -> list[str]:
 
 
 def run(args, dist, device) -> list[dict]:
-    rows, to_profile = [], []  # (config, model, loader name) of each row to profile once all are timed
+    rows, to_profile = [], []  # (config, TrainParts, loader name) of each row to profile once all are timed
     base = make_cfg(args.overrides)
     half = amp_dtype_for(base.trainer.amp, device) is not None
     if "loader" in args.modes:
@@ -383,7 +391,8 @@ def parse_args(argv: list[str]):
     ap.add_argument(
         "--profile",
         metavar="DIR",
-        help="also profile 20 training steps of each model/e2e row into DIR, after all are timed",
+        help="also profile 20 training steps of each model/e2e row into DIR, once all are timed (each model stays "
+        "in memory until then, so later rows' peak GiB include the earlier models)",
     )
     ap.add_argument("--tune", action="store_true", help="e2e over --grid on loader=dali; write the best to --local")
     ap.add_argument(
@@ -439,6 +448,8 @@ def parse_args(argv: list[str]):
     # Paths written after minutes of measuring: checked now, so that no result is lost to them then
     if Path(args.out).exists() and not Path(args.out).is_dir():
         ap.error(f"--out {args.out}: a file; results go in a folder")
+    if args.tune and args.profile:
+        ap.error("--profile: not with --tune (profile the winner with a plain run and --variant)")
     if args.tune and args.local.is_dir():
         ap.error(f"--local {args.local}: a folder; --tune merges its best into a YAML file")
     if args.tune and args.local.is_file():

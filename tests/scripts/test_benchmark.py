@@ -69,7 +69,7 @@ def test_profile_summary_measures_idle_overlap_and_host_waits():
 def test_variants_hold_and_profile_on_cpu(sample_root, tmp_path, capfd):
     out, prof = tmp_path / "bench", tmp_path / "prof"
     proc = benchmark(
-        ["--modes", "loader", "e2e", "--models", "test_resnet", "--loaders", "dali_cpu", "deep",
+        ["--modes", "loader", "model", "e2e", "--models", "test_resnet", "--loaders", "dali_cpu", "deep",
          "--variant", "deep=dali_cpu:loader.prefetch_queue_depth=3,loader.exec_dynamic=false",
          "--hold-batches", 2, "--steps", 2, "--warmup", 1, "--repeats", 1, "--profile", prof, "--out", out,
          *THREADS, "--", *CPU_RUN, f"data.root={sample_root}"],
@@ -79,18 +79,20 @@ def test_variants_hold_and_profile_on_cpu(sample_root, tmp_path, capfd):
     assert [(r["mode"], r["loader"]) for r in rows] == [
         ("loader", "dali_cpu"),
         ("loader", "deep"),
+        ("model", "synthetic"),
         ("e2e", "dali_cpu"),
         ("e2e", "deep"),
     ]
-    assert all(r["build_s"] > 0 and r["first_batch_s"] > 0 for r in rows)  # the DALI pipelines were timed
+    assert all(r["build_s"] > 0 and r["first_batch_s"] > 0 for r in rows if r["mode"] != "model")  # DALI's, timed
     assert sorted(p.name for p in prof.glob("profile_*.txt")) == [
         "profile_test_resnet_dali_cpu_compileoff.txt",
         "profile_test_resnet_deep_compileoff.txt",
+        "profile_test_resnet_synthetic_compileoff.txt",
     ]
     assert (prof / "trace_test_resnet_deep_compileoff.json.gz").is_file()
     # every row timed before the first profile: a profile slows what follows it in the process (CUPTI stays attached)
     lines = proc.stdout.splitlines()
-    last_row = max(i for i, line in enumerate(lines) if line.startswith(("e2e ", "loader-only ")))
+    last_row = max(i for i, line in enumerate(lines) if line.startswith(("e2e ", "model ", "loader-only ")))
     assert last_row < min(i for i, line in enumerate(lines) if line.startswith("profile ")), proc.stdout
     assert "no GPU activity" in proc.stdout  # the summary of a CPU run says so
 
@@ -100,11 +102,15 @@ def test_under_torchrun_rank_zero_reports_for_both(sample_root, tmp_path):
     out = tmp_path / "bench"
     proc = benchmark_under_torchrun(
         ["--modes", "model", "e2e", "--models", "test_resnet", "--loaders", "dali_cpu", "--steps", 2, "--warmup", 1,
-         "--repeats", 1, "--out", out, *THREADS, "--", *CPU_RUN, f"data.root={sample_root}"],
+         "--repeats", 1, "--profile", tmp_path / "prof", "--out", out, *THREADS, "--", *CPU_RUN,
+         f"data.root={sample_root}"],
         nproc=2,
     )  # fmt: skip
     result = json.loads((out / "results.json").read_text())
     assert result["env"]["processes"] == 2
+    assert sorted(p.name for p in (tmp_path / "prof").glob("profile_*.txt")) == [  # each rank profiles its own
+        f"profile_test_resnet_{loader}_compileoff_rank{rank}.txt" for loader in ("dali_cpu", "synthetic") for rank in (0, 1)
+    ]
     assert [r["mode"] for r in result["rows"]] == ["model", "e2e"]
     assert proc.stdout.count("e2e test_resnet compile=off dali_cpu:") == 1  # rank 0 alone reports
 
@@ -137,6 +143,7 @@ def test_malformed_variant_is_refused(capfd):
         # paths that failed only after the measuring, losing its results
         (["--out", REPO / "README.md"], "README.md: a file; results go in a folder"),
         (["--tune", "--grid", "loader.num_threads=1,2", "--local", REPO / "conf"], "conf: a folder; --tune merges"),
+        (["--tune", "--profile", "prof"], "--profile: not with --tune"),  # it would profile nothing
     ],
 )
 def test_bad_input_is_one_line(argv, message, capfd):
