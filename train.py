@@ -51,6 +51,7 @@ from dali_train.engine import updates_per_epoch
 from dali_train.errors import UserError
 from dali_train.fit import Fit
 from dali_train.logs import MetricsWriter, setup_logging
+from dali_train.model_inputs import check_input_sides, run_input_sides
 from dali_train.parts import build_train_parts
 from dali_train.run_dirs import continues_its_run, evaluates_a_run, refuse_new_run_over_run
 from dali_train.sweep import write_sweep_summary
@@ -177,6 +178,7 @@ def train(cfg: DictConfig, dist: DistInfo, run_dir: Path, writer: MetricsWriter,
         amp_dtype=amp_dtype,
         restoring=resume,  # its weights replace model.pretrained's: that file is not read (a requeue may lack it)
     )
+    check_input_sides(parts.model, c.model.name, run_input_sides(c.data, epochs=tc.epochs, eval_only=tc.eval_only))
 
     # Restore: the schedule is the current config's, positioned at the checkpoint's step.
     if not tc.eval_only:  # its temp-file cleanup could delete a checkpoint a running trainer is writing

@@ -89,10 +89,15 @@ class Fit:
         return stopped_by_signal(signum, f"signal {signum} {where}; saved {self.last_pt}", self.stop.hand_over)
 
     def save_progress_before(self, epoch: int, step: int) -> None:
-        """A loader failed mid-epoch: keep what was trained, where that is safe (one process:
-        with several ranks the others may sit in a collective, so the last periodic save stands)."""
+        """A loader failed mid-epoch, or validation failed: keep what was trained, where that is safe
+        (one process: with several ranks the others may sit in a collective, so the last periodic save
+        stands). A save that fails too is logged: the failure that brought us here is the one raised."""
         if not self.dist.enabled and self.parts.global_step != self.saved_at:
-            self.save("last.pt", epoch, step)
+            try:
+                self.save("last.pt", epoch, step)
+            except Exception as e:  # noqa: BLE001 - the failure that brought us here is the one to raise
+                log.error("could not save %s before stopping: %s", self.last_pt, e)
+                return
             log.warning("saved %s at epoch %d step %d before stopping", self.last_pt, epoch, step)
 
     def run(self, start_epoch: int, start_step: int) -> Ending:
@@ -131,7 +136,7 @@ class Fit:
                 if (epoch + 1) % tc.val_every_n_epochs == 0 or epoch + 1 == end_epoch:
                     metrics = epoch_metrics = self.validate()
                 validated = True
-            except DatasetError:  # training of this epoch is complete: keep it, unvalidated
+            except Exception:  # a bad val file, memory at the val side...: the epoch's training is complete, keep it
                 self.save_progress_before(epoch + 1, 0)
                 raise
             finally:

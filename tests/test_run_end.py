@@ -144,6 +144,17 @@ def test_a_bad_file_in_val_keeps_the_trained_epoch(small_root, tmp_path):
     assert (state["next_epoch"], state["next_step"], state["global_step"]) == (1, 0, 8)
 
 
+def test_running_out_of_memory_in_validation_keeps_the_trained_epoch(small_root, tmp_path):
+    """Not only a bad val file: any failure of the first validation (here memory, as at a larger
+    val side) ended the run with the trained epoch unsaved."""
+    run = tmp_path / "run"
+    args = [*TINY, f"data.root={small_root}", f"model.name={oom_model.EVAL_NAME}", "trainer.epochs=2"]
+    line = error_line(run_inprocess(args, run, check=False))
+    assert oom_model.EVAL_NAME in line and "out of memory" in line.lower(), line
+    state = torch.load(run / "checkpoints" / "last.pt", map_location="cpu", weights_only=False)
+    assert (state["next_epoch"], state["next_step"], state["global_step"]) == (1, 0, 8)
+
+
 def test_a_bad_file_in_the_next_epochs_first_batch_keeps_the_validated_epoch(small_root, tmp_path, monkeypatch):
     """Epoch 1's pipeline is built, and its first batch decoded, on a thread while epoch 0 is
     validated. A file damaged once epoch 0 has trained (every file is in every epoch, so it cannot

@@ -19,3 +19,24 @@ class _OutOfMemoryNet(torch.nn.Module):
 @register_model
 def test_out_of_memory_net(pretrained: bool = False, **kwargs) -> torch.nn.Module:
     return _OutOfMemoryNet(num_classes=kwargs.get("num_classes", 1000))
+
+
+EVAL_NAME = "test_out_of_memory_in_eval_net"
+
+
+class _OutOfMemoryInEvalNet(torch.nn.Module):
+    """Trains; runs out of memory in eval mode, as a model can at validation's larger side."""
+
+    def __init__(self, num_classes: int = 1000) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(3, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return self.fc(x.float().mean((2, 3)))
+
+
+@register_model
+def test_out_of_memory_in_eval_net(pretrained: bool = False, **kwargs) -> torch.nn.Module:
+    return _OutOfMemoryInEvalNet(num_classes=kwargs.get("num_classes", 1000))
