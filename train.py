@@ -178,7 +178,8 @@ def train(cfg: DictConfig, dist: DistInfo, run_dir: Path, writer: MetricsWriter,
         amp_dtype=amp_dtype,
         restoring=resume,  # its weights replace model.pretrained's: that file is not read (a requeue may lack it)
     )
-    check_input_sides(parts.model, c.model.name, run_input_sides(c.data, epochs=tc.epochs, eval_only=tc.eval_only))
+    sides = run_input_sides(c.data, epochs=tc.epochs, eval_only=tc.eval_only, progressive=c.loader.name != "synthetic")
+    check_input_sides(parts.model, c.model.name, sides)
 
     # Restore: the schedule is the current config's, positioned at the checkpoint's step.
     if not tc.eval_only:  # its temp-file cleanup could delete a checkpoint a running trainer is writing

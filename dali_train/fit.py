@@ -91,11 +91,11 @@ class Fit:
     def save_progress_before(self, epoch: int, step: int) -> None:
         """A loader failed mid-epoch, or validation failed: keep what was trained, where that is safe
         (one process: with several ranks the others may sit in a collective, so the last periodic save
-        stands). A save that fails too is logged: the failure that brought us here is the one raised."""
+        stands). A save the disk refuses is logged: the failure that brought us here is the one raised."""
         if not self.dist.enabled and self.parts.global_step != self.saved_at:
             try:
                 self.save("last.pt", epoch, step)
-            except Exception as e:  # noqa: BLE001 - the failure that brought us here is the one to raise
+            except OSError as e:  # a full disk: the failure that brought us here is the one to raise
                 log.error("could not save %s before stopping: %s", self.last_pt, e)
                 return
             log.warning("saved %s at epoch %d step %d before stopping", self.last_pt, epoch, step)
