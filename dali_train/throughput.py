@@ -53,8 +53,8 @@ class Endless:
         return self
 
     def close(self) -> None:
-        """End the epoch's generator now: it holds this object, so the loader (a DALI pipeline's
-        threads and GPU memory) would otherwise live until the cycle collector runs."""
+        """End the epoch's generator now: the loader's pass ends there, which shuts a DALI pipeline
+        down (its threads and GPU memory); the generator also holds this object, a reference cycle."""
         self._batches.close()
 
 

@@ -60,6 +60,7 @@ class DaliLoader:
         self.train_size_at = train_size_at  # epoch -> crop side (progressive resizing)
         self.epoch, self.start_step = 0, 0
         self._iterator: DALIGenericIterator | None = None
+        self._pipe = None  # the iterator's pipeline, shut down explicitly (`_drop_pipeline`)
         self.build_times: list[tuple[float, float]] = []  # (pipeline build s, first batch s) per build
 
     @functools.cached_property
@@ -79,7 +80,7 @@ class DaliLoader:
         validation. Calling again for the same epoch is free."""
         if self.train and (self._iterator is None or (epoch, start_step) != (self.epoch, self.start_step)):
             self.epoch, self.start_step = epoch, start_step
-            self._iterator = None  # free the old pipeline before building the next
+            self._drop_pipeline()  # free the old pipeline before building the next
             self._iterator = self._build()
         self.epoch, self.start_step = epoch, start_step
 
@@ -121,6 +122,7 @@ class DaliLoader:
             else:
                 pipe = val_pipeline(source, **self._pipe_kwargs(self.seed + 7))
                 policy = LastBatchPolicy.PARTIAL  # drop the padded duplicates: exact val counts
+            self._pipe = pipe  # shut down with the next one's build even if this one fails below
             pipe.build()  # the reader reads the list file here, once; no image is decoded yet
         except RuntimeError as e:  # not a file's fault: say what DALI says, in one line
             what = "train" if self.train else "val"
@@ -163,16 +165,25 @@ class DaliLoader:
         except RuntimeError as e:
             if not _is_pipeline_error(e):
                 raise
-            self._iterator = None  # a pipeline that failed cannot run again
+            self._drop_pipeline()  # a pipeline that failed cannot run again
             raise self._decode_error(done, e) from None
         finally:
-            # A val pass left mid-way (trainer.max_val_steps) would resume there next time: DALI
-            # cannot reset a pipeline mid-epoch, so it is rebuilt. (A train pipeline stays until
-            # set_epoch replaces it, on NextEpoch's thread, behind validation.)
-            if not finished and not self.train:
-                self._iterator = None
+            # A pass left mid-way (trainer.max_val_steps or max_steps_per_epoch, a benchmark's
+            # window) would resume there next time: DALI cannot reset a pipeline mid-epoch, so the
+            # next pass rebuilds it, from the epoch's start_step.
+            if not finished:
+                self._drop_pipeline()
         if self.train:
-            self._iterator = None  # free this epoch's pipeline; set_epoch picks the next order
+            self._drop_pipeline()  # this epoch's pipeline is done; set_epoch picks the next order
+
+    def _drop_pipeline(self) -> None:
+        """Forget the pipeline and shut it down now. One left mid-epoch on a GPU sits in a reference
+        cycle (docs/h200/pipeline_lifetime_2026-12-02): its ~20 threads and its device buffers stayed
+        until the cycle collector ran. `_shutdown` is what DALI's own exit hook calls on each pipeline."""
+        pipe, self._pipe, self._iterator = self._pipe, None, None
+        shutdown = getattr(pipe, "_shutdown", None)  # private in DALI 2.4; a DALI without it: the collector
+        if shutdown is not None:
+            shutdown()
 
     def _decode_error(self, done: int, e: RuntimeError) -> UserError:
         """A one-line error naming the file(s) DALI could not decode: the one its message names, or

@@ -387,3 +387,26 @@ def test_a_pipeline_failure_no_file_explains_blames_no_file(sample_root):
         f"DALI's val pipeline failed (validation batch 0) on no file that fails to decode among the {reading} it was "
         "reading: Error in CPU operator `nvidia.dali.fn.crop_mirror_normalize`: std::bad_alloc"
     )
+
+
+def dali_threads() -> int:
+    """DALI's native threads in this process (its thread pools and the reader's prefetch thread)."""
+    names = [Path(f"/proc/self/task/{tid}/comm").read_text() for tid in os.listdir("/proc/self/task")]
+    return sum(name.startswith(("[DALI]", "PrefetchWorker")) for name in names)
+
+
+@pytest.mark.parametrize("split", ["train", "val"])
+def test_a_pass_left_mid_way_shuts_its_pipeline_down_at_once(sample_root, split):
+    """A pipeline left mid-epoch (a benchmark window, max_steps_per_epoch, max_val_steps) sat in a
+    reference cycle on the GPU and kept its threads and device buffers until the cycle collector
+    ran (docs/h200/pipeline_lifetime_2026-12-02); a reference held here stands in for that cycle.
+    The next pass starts the epoch again."""
+    loader = getattr(loaders(sample_root, "loader=dali_cpu", *SMALL), split)
+    loader.set_epoch(0)
+    batches = iter(loader)
+    first_labels = next(batches)[1]
+    held = loader._iterator  # noqa: F841 - what the cycle held on the GPU
+    assert dali_threads() > 0
+    batches.close()
+    assert dali_threads() == 0
+    assert torch.equal(next(iter(loader))[1], first_labels)
