@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from timm.utils import distribute_bn
 
-from dali_train.checkpoint import Checkpointer
+from dali_train.checkpoint import Checkpointer, CheckpointWriteError
 from dali_train.config import TrainerConfig
 from dali_train.data import DatasetError, Loaders, NextEpoch
 from dali_train.distributed import DistInfo, StopFlag
@@ -95,7 +95,7 @@ class Fit:
         if not self.dist.enabled and self.parts.global_step != self.saved_at:
             try:
                 self.save("last.pt", epoch, step)
-            except OSError as e:  # a full disk: the failure that brought us here is the one to raise
+            except (OSError, CheckpointWriteError) as e:  # a full disk: the failure that brought us here is raised
                 log.error("could not save %s before stopping: %s", self.last_pt, e)
                 return
             log.warning("saved %s at epoch %d step %d before stopping", self.last_pt, epoch, step)

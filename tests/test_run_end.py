@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import shutil
 import signal
 import socket
@@ -153,6 +154,27 @@ def test_running_out_of_memory_in_validation_keeps_the_trained_epoch(small_root,
     assert oom_model.EVAL_NAME in line and "out of memory" in line.lower(), line
     state = torch.load(run / "checkpoints" / "last.pt", map_location="cpu", weights_only=False)
     assert (state["next_epoch"], state["next_step"], state["global_step"]) == (1, 0, 8)
+
+
+def test_a_full_disk_at_the_save_after_a_failed_validation_keeps_the_validations_error(small_root, tmp_path):
+    """The save that keeps the trained epoch fails too (a 12 KiB file size limit stands in for a full
+    disk: the test model's checkpoint is ~19 KiB, its log ~3 KiB): the run ends on the validation's
+    error, the save's logged.
+    The checkpoint's own error (not an OSError) replaced it and ended the run "disk full"."""
+    run = tmp_path / "run"
+    args = [*TINY, f"data.root={small_root}", f"model.name={oom_model.EVAL_NAME}", "trainer.epochs=2"]
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    previous = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails (EFBIG), no signal
+    resource.setrlimit(resource.RLIMIT_FSIZE, (12 * 2**10, hard))
+    try:
+        line = error_line(run_inprocess(args, run, check=False))
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, previous)
+    assert oom_model.EVAL_NAME in line and "out of memory" in line.lower(), line
+    assert read_json(run / "summary.json")["end_state"] == "out of memory"
+    assert "could not save" in (run / "train.log").read_text()
+    assert not (run / "checkpoints" / "last.pt").exists()
 
 
 def test_a_bad_file_in_the_next_epochs_first_batch_keeps_the_validated_epoch(small_root, tmp_path, monkeypatch):
