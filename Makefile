@@ -1,5 +1,5 @@
 # Two commands for a fresh clone (Python >= 3.10; no GPU needed):
-#   make demo   install, then train on the generated sample dataset (~30 s on 2 CPU cores)
+#   make demo   install, then train on the generated sample dataset (75 s on 2 idle CPU cores)
 #   make test   install, then lint and run the test suite (CI runs exactly this)
 PYTHON ?= python3
 VENV ?= .venv
