@@ -152,12 +152,20 @@ class Checkpointer:
         return self.dir / name
 
     def prepare(self, parts) -> None:
-        """At startup, rank 0: remove temp files of killed writers, warn when the disk is nearly full."""
+        """At startup, rank 0: remove temp files of killed writers, check that the folder takes a
+        file (else the first save, an epoch in, lost that epoch), warn when the disk is nearly full."""
         if not self.dist.is_main:
             return
-        for stale in sorted(self.dir.glob(".*.tmp-*")):
-            stale.unlink(missing_ok=True)
-            log.warning("removed %s, a checkpoint write that did not finish", stale)
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            for stale in sorted(self.dir.glob(".*.tmp-*")):
+                stale.unlink(missing_ok=True)
+                log.warning("removed %s, a checkpoint write that did not finish", stale)
+            probe = self.dir / f".write-check-{os.getpid()}"
+            probe.write_bytes(b"dali-train")
+            probe.unlink()
+        except OSError as e:
+            raise CheckpointError(f"{self.dir}: checkpoints cannot be written there ({e.strerror or e})") from None
         need, free = self.estimate_bytes(parts), _file_system_free(self.dir)
         if free < LOW_SPACE_CHECKPOINTS * need:
             log.warning(
@@ -231,7 +239,7 @@ class Checkpointer:
             raise CheckpointWriteError(
                 f"could not write {path}: it needs about {_mb(tensor_bytes(state))}, "
                 f"{_mb(_file_system_free(path.parent))} free there ({reason}); "
-                f"the previous {path.name} is kept"
+                + (f"the previous {path.name} is kept" if path.exists() else f"there is no earlier {path.name}")
             ) from None
 
     def restore(self, path: str, parts, *, eval_only: bool = False) -> Resumed:

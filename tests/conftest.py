@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import runpy
+import shutil
 import signal
 import subprocess
 import sys
@@ -112,6 +113,17 @@ def imagenette_mini() -> Path:
     if not IMAGENETTE_MINI.is_dir():
         pytest.skip(f"{IMAGENETTE_MINI} is absent (it sits beside the project checkout in development)")
     return IMAGENETTE_MINI
+
+
+def permissions_hold() -> list[str]:
+    """A command prefix under which file permissions apply: root passes over them (CAP_DAC_OVERRIDE
+    and CAP_DAC_READ_SEARCH), so as root the command runs without those two capabilities."""
+    if os.geteuid() != 0:
+        return []
+    if shutil.which("setpriv") is None:
+        pytest.skip("root without setpriv: file permissions cannot be made to apply")
+    caps = "-dac_override,-dac_read_search"
+    return ["setpriv", f"--inh-caps={caps}", f"--bounding-set={caps}"]
 
 
 def launch_env() -> dict[str, str]:

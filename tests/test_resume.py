@@ -20,7 +20,16 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from dali_train.optim import build_scheduler
-from tests.conftest import REPO, TINY, InProcessRun, exit_code, launch_env, read_json, run_inprocess
+from tests.conftest import (
+    REPO,
+    TINY,
+    InProcessRun,
+    exit_code,
+    launch_env,
+    permissions_hold,
+    read_json,
+    run_inprocess,
+)
 from tests.test_checkpoint import crafted_checkpoint
 
 STEPS = 3  # trainer.max_steps_per_epoch: 3 updates per epoch at batch 8
@@ -387,6 +396,19 @@ def _tmpfs(path: Path, size: str) -> bool:
     )
 
 
+def test_a_checkpoint_folder_the_run_cannot_write_to_is_one_line_before_training(small_root, tmp_path):
+    """It was found at the first save, once an epoch had trained and validated, and reported as a
+    full disk with the whole disk free."""
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "checkpoints").chmod(0o555)
+    cmd = [*permissions_hold(), sys.executable, str(REPO / "train.py"), *args(small_root, f"hydra.run.dir={run}")]
+    proc = subprocess.run(cmd, cwd=REPO, env=launch_env(), capture_output=True, text=True, timeout=300)
+    assert_one_line_error(proc, f"{run / 'checkpoints'}: checkpoints cannot be written there (Permission denied)")
+    assert "epoch 0" not in proc.stdout + proc.stderr
+    assert read_json(run / "summary.json")["end_state"] == "error"
+
+
 @pytest.mark.slow
 def test_disk_full_during_a_checkpoint_write_is_one_line_and_keeps_the_previous(small_root, tmp_path):
     """test_resnet checkpoints are ~2.9 MiB; an 8 MiB tmpfs holds epoch 0's best.pt and last.pt
@@ -416,7 +438,8 @@ def test_disk_full_during_a_checkpoint_write_is_one_line_and_keeps_the_previous(
         proc = subprocess.run(
             cmd, cwd=REPO, env=launch_env(), capture_output=True, text=True, timeout=300, preexec_fn=limit
         )
-        assert_one_line_error(proc, f"could not write {run / 'checkpoints'}", "MiB", "is kept")
+        kept = "is kept" if mounted else "there is no earlier"  # the file size limit fails the first write
+        assert_one_line_error(proc, f"could not write {run / 'checkpoints'}", "MiB", kept)
         assert "a checkpoint write may fail" in proc.stdout or not mounted
         assert not list((run / "checkpoints").glob(".*.tmp-*"))
         if mounted:

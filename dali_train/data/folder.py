@@ -101,10 +101,13 @@ def read_exclude_list(path: str, root: Path) -> dict[str, set[str]]:
     root's symlinks), taken relative to `root`. So an error's path can be pasted in as it is."""
     p = Path(path)
     if not p.is_file():
-        raise DatasetError(f"data.exclude_list={path}: no such file")
+        raise DatasetError(f"data.exclude_list={path}: {'a folder, not a file' if p.is_dir() else 'no such file'}")
+    try:  # file names are bytes: one that is not UTF-8 reads back as the name os.scandir gives it
+        text = p.read_text(encoding="utf-8", errors="surrogateescape")
+    except OSError as e:
+        raise DatasetError(f"data.exclude_list={path}: cannot be read ({e.strerror or e})") from None
     entries: dict[str, set[str]] = {}
-    # File names are bytes: one that is not UTF-8 reads back as the name os.scandir gives it
-    for line in p.read_text(encoding="utf-8", errors="surrogateescape").splitlines():
+    for line in text.splitlines():
         line = line.strip()
         if not line or line.startswith("#"):
             continue
@@ -169,7 +172,11 @@ def scan_dataset(root: str, *, exclude_list: str | None = None, verify: bool = T
     path = Path(root).expanduser()
     if not str(root) or not path.is_dir():
         raise DatasetError(f"data.root={root}: no such folder")
-    if not any(path.iterdir()):
+    try:
+        empty = not any(path.iterdir())
+    except OSError as e:
+        raise DatasetError(f"data.root={root}: cannot be read ({e.strerror or e})") from None
+    if empty:
         raise DatasetError(f"data.root={root}: the folder is empty; expected train/<class>/ and val/<class>/")
     entries = read_exclude_list(exclude_list, path) if exclude_list else {}
     exclude = frozenset(m for meanings in entries.values() for m in meanings)

@@ -6,6 +6,9 @@ from __future__ import annotations
 import io
 import logging
 import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,6 +16,7 @@ from PIL import Image
 
 from dali_train.data.folder import DatasetError, scan_dataset
 from dali_train.data.sample import synthetic_image
+from tests.conftest import REPO, launch_env, permissions_hold
 from tests.data.damage import damage_huffman_table
 
 
@@ -214,3 +218,26 @@ def test_an_exclude_list_that_empties_a_split_is_one_line(tmp_path):
     exclude.write_text("".join(f"{p.relative_to(root)}\n" for p in sorted((root / "train").rglob("*.JPEG"))))
     with pytest.raises(DatasetError, match=r"/train: every image is in the exclude list$"):
         scan_dataset(str(root), exclude_list=str(exclude))
+
+
+@pytest.mark.parametrize("key", ["root", "exclude_list"])
+def test_a_data_path_that_cannot_be_read_is_one_line_naming_its_option(small_root, tmp_path, key):
+    """It was a PermissionError traceback (the listing of the classes already said it in one line)."""
+    root, exclude = tmp_path / "data", tmp_path / "exclude.txt"
+    shutil.copytree(small_root, root)
+    exclude.write_text("train/none.JPEG\n")
+    (root if key == "root" else exclude).chmod(0)
+    scan = (
+        "import sys; from dali_train.data.folder import DatasetError, scan_dataset\n"
+        "try: scan_dataset(sys.argv[1], exclude_list=sys.argv[2], verify=False)\n"
+        "except DatasetError as e: print(f'error: {e}')"
+    )
+    cmd = [*permissions_hold(), sys.executable, "-c", scan, str(root), str(exclude)]
+    proc = subprocess.run(cmd, cwd=REPO, env=launch_env(), capture_output=True, text=True, timeout=120)
+    value = root if key == "root" else exclude
+    assert proc.stdout.strip() == f"error: data.{key}={value}: cannot be read (Permission denied)", proc.stderr[-2000:]
+
+
+def test_a_folder_given_as_the_exclude_list_is_named_as_one(small_root, tmp_path):
+    with pytest.raises(DatasetError, match="data.exclude_list=.*: a folder, not a file"):
+        scan_dataset(str(small_root), exclude_list=str(tmp_path), verify=False)
