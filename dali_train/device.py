@@ -56,8 +56,8 @@ def amp_dtype_for(name: str, device: torch.device) -> torch.dtype | None:
 
 
 def configure_backends(device: torch.device, *, deterministic: bool, cudnn_benchmark: bool, tf32: bool = True) -> None:
-    if deterministic:
-        torch.use_deterministic_algorithms(True, warn_only=True)
+    # Set both ways: the jobs of a sweep share the process, and a deterministic job's setting stayed on
+    torch.use_deterministic_algorithms(deterministic, warn_only=True)
     if device.type == "cuda":
         torch.backends.cudnn.benchmark = cudnn_benchmark and not deterministic
         torch.backends.cuda.matmul.allow_tf32 = tf32

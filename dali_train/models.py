@@ -287,7 +287,7 @@ def wrap_for_training(
         if device.type != "cuda":  # DDP refuses SyncBatchNorm on CPU modules (a ValueError mid-setup)
             raise ModelError("trainer.sync_bn=true: torch's SyncBatchNorm runs on CUDA devices only; set it false on CPU")
         model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
-    ema = ModelEmaV3(model, decay=ema_decay, use_warmup=ema_warmup, device=device) if ema_decay else None
+    ema = ModelEmaV3(model, decay=ema_decay, use_warmup=ema_warmup, device=device) if ema_decay is not None else None
     if compile:
         model = torch.compile(model, mode=compile_mode)
     if dist.enabled:

@@ -32,3 +32,15 @@ def test_each_rank_gets_its_own_gpu_and_more_ranks_than_gpus_is_one_line():
     with pytest.raises(UserError, match=r"local rank 2, but this node has 2 visible GPU\(s\).*--nproc_per_node=2") as e:
         gpu_of_rank(2, 2)  # it was GPU 0 again, beside rank 0
     assert "\n" not in str(e.value)
+
+
+def test_a_deterministic_job_does_not_leave_the_next_job_of_its_sweep_deterministic():
+    """A multirun's jobs share the process: the setting was switched on, never off."""
+    saved = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    try:
+        configure_backends(torch.device("cpu"), deterministic=True, cudnn_benchmark=False)
+        assert torch.are_deterministic_algorithms_enabled()
+        configure_backends(torch.device("cpu"), deterministic=False, cudnn_benchmark=False)
+        assert not torch.are_deterministic_algorithms_enabled()
+    finally:
+        torch.use_deterministic_algorithms(saved[0], warn_only=saved[1])

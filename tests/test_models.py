@@ -123,6 +123,18 @@ def test_ema_warmup_lets_the_first_updates_follow_the_model(warmup, expected_dec
     assert moved == pytest.approx(1 - expected_decay, rel=1e-4)
 
 
+def test_an_ema_decay_of_zero_is_an_ema_that_follows_the_model():
+    """trainer.ema=true trainer.ema_decay=0 was accepted and made no EMA at all (0 read as off)."""
+    model, ema = wrap_for_training(
+        torch.nn.Linear(3, 2), torch.device("cpu"), DistInfo(0, 0, 1), channels_last=False, sync_bn=False,
+        ema_decay=0.0, compile=False,
+    )  # fmt: skip
+    with torch.no_grad():
+        model.weight.add_(1.0)
+    ema.update(model, step=5)
+    torch.testing.assert_close(ema.module.weight, model.weight)
+
+
 def test_weight_init_fan_in_draws_convs_and_the_head_by_fan_in_and_keeps_the_zeroed_norms():
     """fastai's init_cnn: std sqrt(2 / fan_in) for every conv and linear weight, zero biases; timm's
     own draws a grouped conv by fan-out (here 32·9 against 4·9), 2.8x smaller."""
