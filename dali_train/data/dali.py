@@ -151,9 +151,9 @@ class DaliLoader:
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         if self._iterator is None:
             self._iterator = self._build()
-        done, finished = 0, False
+        iterator, done, finished = self._iterator, 0, False
         try:
-            for batch in self._iterator:
+            for batch in iterator:
                 images, labels = batch[0]["images"], batch[0]["labels"]
                 if self.transform.channels_last:
                     images = images.permute(0, 3, 1, 2)  # NHWC storage viewed as NCHW: no copy
@@ -165,21 +165,25 @@ class DaliLoader:
         except RuntimeError as e:
             if not _is_pipeline_error(e):
                 raise
-            self._drop_pipeline()  # a pipeline that failed cannot run again
+            self._drop_pipeline(iterator)  # a pipeline that failed cannot run again
             raise self._decode_error(done, e) from None
         finally:
             # A pass left mid-way (trainer.max_val_steps or max_steps_per_epoch, a benchmark's
             # window) would resume there next time: DALI cannot reset a pipeline mid-epoch, so the
             # next pass rebuilds it, from the epoch's start_step.
             if not finished:
-                self._drop_pipeline()
+                self._drop_pipeline(iterator)
         if self.train:
-            self._drop_pipeline()  # this epoch's pipeline is done; set_epoch picks the next order
+            self._drop_pipeline(iterator)  # this epoch's pipeline is done; set_epoch picks the next order
 
-    def _drop_pipeline(self) -> None:
+    def _drop_pipeline(self, iterator: DALIGenericIterator | None = None) -> None:
         """Forget the pipeline and shut it down now. One left mid-epoch on a GPU sits in a reference
         cycle (docs/h200/pipeline_lifetime_2026-12-02): its ~20 threads and its device buffers stayed
-        until the cycle collector ran. `_shutdown` is what DALI's own exit hook calls on each pipeline."""
+        until the cycle collector ran. `_shutdown` is what DALI's own exit hook calls on each pipeline.
+        `iterator`: only if it is still the current one (a pass finalized late, by the collector on
+        any thread, must not shut down the pipeline that set_epoch has built since)."""
+        if iterator is not None and iterator is not self._iterator:
+            return
         pipe, self._pipe, self._iterator = self._pipe, None, None
         shutdown = getattr(pipe, "_shutdown", None)  # private in DALI 2.4; a DALI without it: the collector
         if shutdown is not None:

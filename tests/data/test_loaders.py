@@ -410,3 +410,16 @@ def test_a_pass_left_mid_way_shuts_its_pipeline_down_at_once(sample_root, split)
     batches.close()
     assert dali_threads() == 0
     assert torch.equal(next(iter(loader))[1], first_labels)
+
+
+def test_a_pass_that_ends_after_the_next_epoch_is_built_leaves_that_pipeline_alone(sample_root):
+    """A pass can end late (the cycle collector finalizes it, on any thread) after set_epoch has built
+    the next epoch's pipeline behind validation: that pipeline is the one the next epoch uses."""
+    loader = loaders(sample_root, "loader=dali_cpu", *SMALL).train
+    loader.set_epoch(0)
+    stale = iter(loader)
+    next(stale)
+    loader.set_epoch(1)
+    stale.close()
+    assert sum(1 for _ in loader) == len(loader)
+    assert len(loader.build_times) == 2  # epoch 1's pipeline was not shut down and built again
