@@ -61,6 +61,7 @@ class DaliLoader:
         self.epoch, self.start_step = 0, 0
         self._iterator: DALIGenericIterator | None = None
         self._pipe = None  # the iterator's pipeline, shut down explicitly (`_drop_pipeline`)
+        self._spent = False  # the iterator's train epoch was read to its end: the next pass rebuilds
         self.build_times: list[tuple[float, float]] = []  # (pipeline build s, first batch s) per build
 
     @functools.cached_property
@@ -77,10 +78,11 @@ class DaliLoader:
         """Build this epoch's train pipeline now, so DALI prefetches before the first step. A
         build takes 0.6-2.5 s on an H200 (`build_times`); fit.Fit calls this for the next epoch
         on a thread while it validates (`data.NextEpoch`), so build and prefetch overlap
-        validation. Calling again for the same epoch is free."""
+        validation. Calling again for the same epoch is free. Not while a pass over this loader is
+        running: the pipeline it reads is shut down here."""
         if self.train and (self._iterator is None or (epoch, start_step) != (self.epoch, self.start_step)):
             self.epoch, self.start_step = epoch, start_step
-            self._drop_pipeline()  # free the old pipeline before building the next
+            self._drop_pipeline()  # the last epoch's, shut down here: on NextEpoch's thread in training
             self._iterator = self._build()
         self.epoch, self.start_step = epoch, start_step
 
@@ -149,7 +151,8 @@ class DaliLoader:
         return iterator
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        if self._iterator is None:
+        if self._iterator is None or self._spent:
+            self._drop_pipeline()
             self._iterator = self._build()
         iterator, done, finished = self._iterator, 0, False
         try:
@@ -159,8 +162,8 @@ class DaliLoader:
                     images = images.permute(0, 3, 1, 2)  # NHWC storage viewed as NCHW: no copy
                 # Labels: int32 [N, 1] from the reader -> int64 [N]; no copy when already on device.
                 labels = labels.view(-1).to(self.device, torch.int64, non_blocking=True)
+                done += 1  # before the yield: a pass closed there has read this batch
                 yield images.to(self.device, non_blocking=True), labels
-                done += 1
             finished = True
         except RuntimeError as e:
             if not _is_pipeline_error(e):
@@ -168,13 +171,16 @@ class DaliLoader:
             self._drop_pipeline(iterator)  # a pipeline that failed cannot run again
             raise self._decode_error(done, e) from None
         finally:
-            # A pass left mid-way (trainer.max_val_steps or max_steps_per_epoch, a benchmark's
-            # window) would resume there next time: DALI cannot reset a pipeline mid-epoch, so the
-            # next pass rebuilds it, from the epoch's start_step.
-            if not finished:
+            if self.train and (finished or done == len(self)):
+                # The epoch read to its end (the engine stops at its last batch): set_epoch shuts the
+                # pipeline down, on NextEpoch's thread behind validation, not in this epoch's time.
+                if iterator is self._iterator:
+                    self._spent = True
+            elif not finished:
+                # A pass left mid-way (max_steps_per_epoch, max_val_steps, a benchmark's window) would
+                # resume there next time: DALI cannot reset a pipeline mid-epoch, so the next pass
+                # rebuilds it, from the epoch's start_step.
                 self._drop_pipeline(iterator)
-        if self.train:
-            self._drop_pipeline(iterator)  # this epoch's pipeline is done; set_epoch picks the next order
 
     def _drop_pipeline(self, iterator: DALIGenericIterator | None = None) -> None:
         """Forget the pipeline and shut it down now. One left mid-epoch on a GPU sits in a reference
@@ -184,10 +190,16 @@ class DaliLoader:
         any thread, must not shut down the pipeline that set_epoch has built since)."""
         if iterator is not None and iterator is not self._iterator:
             return
-        pipe, self._pipe, self._iterator = self._pipe, None, None
-        shutdown = getattr(pipe, "_shutdown", None)  # private in DALI 2.4; a DALI without it: the collector
-        if shutdown is not None:
+        pipe, self._pipe, self._iterator, self._spent = self._pipe, None, None, False
+        shutdown = getattr(pipe, "_shutdown", None)  # private in DALI 2.4 (pinned <2.5); without it: the collector
+        if shutdown is None:
+            return
+        if self.device.type == "cuda":  # the last batch's copy out of the pipeline's buffers may still be queued
+            torch.cuda.current_stream(self.device).synchronize()
+        try:
             shutdown()
+        except Exception as e:  # noqa: BLE001 - freeing a pipeline early must not replace the error being handled
+            log.warning("DALI pipeline shutdown: %s", e)
 
     def _decode_error(self, done: int, e: RuntimeError) -> UserError:
         """A one-line error naming the file(s) DALI could not decode: the one its message names, or

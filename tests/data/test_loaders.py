@@ -402,13 +402,14 @@ def test_a_pass_left_mid_way_shuts_its_pipeline_down_at_once(sample_root, split)
     ran (docs/h200/pipeline_lifetime_2026-12-02); a reference held here stands in for that cycle.
     The next pass starts the epoch again."""
     loader = getattr(loaders(sample_root, "loader=dali_cpu", *SMALL), split)
+    before = dali_threads()
     loader.set_epoch(0)
     batches = iter(loader)
     first_labels = next(batches)[1]
     held = loader._iterator  # noqa: F841 - what the cycle held on the GPU
-    assert dali_threads() > 0
+    assert dali_threads() > before
     batches.close()
-    assert dali_threads() == 0
+    assert dali_threads() == before
     assert torch.equal(next(iter(loader))[1], first_labels)
 
 
@@ -423,3 +424,21 @@ def test_a_pass_that_ends_after_the_next_epoch_is_built_leaves_that_pipeline_alo
     stale.close()
     assert sum(1 for _ in loader) == len(loader)
     assert len(loader.build_times) == 2  # epoch 1's pipeline was not shut down and built again
+
+
+def test_an_epoch_read_to_its_last_batch_is_shut_down_by_the_next_set_epoch(sample_root):
+    """The engine stops at an epoch's last batch (DALI never says the epoch ended): that pipeline is
+    left for set_epoch, which shuts it down on NextEpoch's thread behind validation, not inside the
+    epoch's time; a pass over the same epoch again reads all of it."""
+    loader = loaders(sample_root, "loader=dali_cpu", *SMALL).train
+    before = dali_threads()
+    loader.set_epoch(0)
+    one_pipeline = dali_threads() - before
+    for step, _ in enumerate(loader, start=1):
+        if step == len(loader):
+            break
+    assert dali_threads() - before == one_pipeline  # still there, for set_epoch
+    loader.set_epoch(1)
+    assert dali_threads() - before == one_pipeline  # the old one shut down, the next one built
+    assert sum(1 for _ in loader) == len(loader)
+    assert sum(1 for _ in loader) == len(loader)  # read to its end: the next pass builds it again
