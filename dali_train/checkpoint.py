@@ -15,6 +15,7 @@ rename (`save_durably`).
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import random
@@ -27,7 +28,7 @@ import numpy as np
 import torch
 from timm.utils import unwrap_model
 
-from dali_train.distributed import DistInfo
+from dali_train.distributed import DistInfo, all_gather_lists
 from dali_train.resume_fit import CheckpointError, CheckpointMeta, check_fits, load_optimizer
 
 log = logging.getLogger(__name__)
@@ -152,20 +153,18 @@ class Checkpointer:
         return self.dir / name
 
     def prepare(self, parts) -> None:
-        """At startup, rank 0: remove temp files of killed writers, check that the folder takes a
-        file (else the first save, an epoch in, lost that epoch), warn when the disk is nearly full."""
+        """At startup: rank 0 removes temp files of killed writers and checks that the folder takes a
+        file (else the first save, an epoch in, lost that epoch), and every rank raises what it found
+        (a collective: the other ranks would wait in their first one for a rank 0 that had left);
+        then a warning when the disk is nearly full."""
+        problem = self._check_folder() if self.dist.is_main else None
+        if self.dist.enabled and torch.distributed.is_initialized():  # (a test standing in for a rank has no group)
+            problem = all_gather_lists([problem], self.dist)[0]
+        if problem is not None:
+            error, message = problem
+            raise (CheckpointWriteError if error == "disk full" else CheckpointError)(message)
         if not self.dist.is_main:
             return
-        try:
-            self.dir.mkdir(parents=True, exist_ok=True)
-            for stale in sorted(self.dir.glob(".*.tmp-*")):
-                stale.unlink(missing_ok=True)
-                log.warning("removed %s, a checkpoint write that did not finish", stale)
-            probe = self.dir / f".write-check-{os.getpid()}"
-            probe.write_bytes(b"dali-train")
-            probe.unlink()
-        except OSError as e:
-            raise CheckpointError(f"{self.dir}: checkpoints cannot be written there ({e.strerror or e})") from None
         need, free = self.estimate_bytes(parts), _file_system_free(self.dir)
         if free < LOW_SPACE_CHECKPOINTS * need:
             log.warning(
@@ -175,6 +174,23 @@ class Checkpointer:
                 LOW_SPACE_CHECKPOINTS,
                 _mb(need),
             )
+
+    def _check_folder(self) -> tuple[str, str] | None:
+        """(kind, message) when the folder cannot take a checkpoint; kind "disk full" or "error"."""
+        probe = self.dir / f".write-check-{os.getpid()}"
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            for stale in sorted(self.dir.glob(".*.tmp-*")):
+                stale.unlink(missing_ok=True)
+                log.warning("removed %s, a checkpoint write that did not finish", stale)
+            try:
+                probe.write_bytes(b"dali-train")
+            finally:
+                probe.unlink(missing_ok=True)
+        except OSError as e:
+            kind = "disk full" if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG) else "error"
+            return kind, f"{self.dir}: checkpoints cannot be written there ({e.strerror or e})"
+        return None
 
     @staticmethod
     def estimate_bytes(parts) -> int:

@@ -396,17 +396,25 @@ def _tmpfs(path: Path, size: str) -> bool:
     )
 
 
-def test_a_checkpoint_folder_the_run_cannot_write_to_is_one_line_before_training(small_root, tmp_path):
+@pytest.mark.parametrize("nproc", [1, pytest.param(2, marks=pytest.mark.slow)])
+def test_a_checkpoint_folder_the_run_cannot_write_to_is_one_line_before_training(small_root, tmp_path, nproc):
     """It was found at the first save, once an epoch had trained and validated, and reported as a
-    full disk with the whole disk free."""
+    full disk with the whole disk free. Under torchrun every rank says the same line (rank 0 finds
+    it; the others would wait for it in their first collective)."""
     run = tmp_path / "run"
     (run / "checkpoints").mkdir(parents=True)
     (run / "checkpoints").chmod(0o555)
-    cmd = [*permissions_hold(), sys.executable, str(REPO / "train.py"), *args(small_root, f"hydra.run.dir={run}")]
+    launch = [sys.executable] + (["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"] * (nproc > 1))
+    cmd = [*permissions_hold(), *launch, str(REPO / "train.py"), *args(small_root, f"hydra.run.dir={run}")]
     proc = subprocess.run(cmd, cwd=REPO, env=launch_env(), capture_output=True, text=True, timeout=300)
-    assert_one_line_error(proc, f"{run / 'checkpoints'}: checkpoints cannot be written there (Permission denied)")
+    line = f"error: {run / 'checkpoints'}: checkpoints cannot be written there (Permission denied)"
     assert "epoch 0" not in proc.stdout + proc.stderr
     assert read_json(run / "summary.json")["end_state"] == "error"
+    if nproc == 1:
+        assert_one_line_error(proc, line.removeprefix("error: "))
+        return
+    errors = [text for text in proc.stderr.splitlines() if text.startswith("error:")]
+    assert errors == [line, line] and "exitcode: 2" in proc.stderr, proc.stderr[-3000:]
 
 
 @pytest.mark.slow

@@ -157,7 +157,7 @@ def test_running_out_of_memory_in_validation_keeps_the_trained_epoch(small_root,
 
 
 def test_a_full_disk_at_the_save_after_a_failed_validation_keeps_the_validations_error(small_root, tmp_path):
-    """The save that keeps the trained epoch fails too (a 12 KiB file size limit stands in for a full
+    """The save that keeps the trained epoch fails too (a 16 KiB file size limit stands in for a full
     disk: the test model's checkpoint is ~19 KiB, its log ~3 KiB): the run ends on the validation's
     error, the save's logged.
     The checkpoint's own error (not an OSError) replaced it and ended the run "disk full"."""
@@ -165,7 +165,7 @@ def test_a_full_disk_at_the_save_after_a_failed_validation_keeps_the_validations
     args = [*TINY, f"data.root={small_root}", f"model.name={oom_model.EVAL_NAME}", "trainer.epochs=2"]
     soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
     previous = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails (EFBIG), no signal
-    resource.setrlimit(resource.RLIMIT_FSIZE, (12 * 2**10, hard))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (16 * 2**10, hard))
     try:
         line = error_line(run_inprocess(args, run, check=False))
     finally:

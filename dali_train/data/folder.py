@@ -100,11 +100,11 @@ def read_exclude_list(path: str, root: Path) -> dict[str, set[str]]:
     and a path as a loader's error names it (absolute, or with data.root in front, or through the
     root's symlinks), taken relative to `root`. So an error's path can be pasted in as it is."""
     p = Path(path)
-    if not p.is_file():
-        raise DatasetError(f"data.exclude_list={path}: {'a folder, not a file' if p.is_dir() else 'no such file'}")
     try:  # file names are bytes: one that is not UTF-8 reads back as the name os.scandir gives it
+        if not p.is_file():
+            raise DatasetError(f"data.exclude_list={path}: {'a folder, not a file' if p.is_dir() else 'no such file'}")
         text = p.read_text(encoding="utf-8", errors="surrogateescape")
-    except OSError as e:
+    except OSError as e:  # is_file() too: a folder on the way that cannot be searched
         raise DatasetError(f"data.exclude_list={path}: cannot be read ({e.strerror or e})") from None
     entries: dict[str, set[str]] = {}
     for line in text.splitlines():
@@ -170,9 +170,9 @@ class ImageFolderDataset:
 def scan_dataset(root: str, *, exclude_list: str | None = None, verify: bool = True) -> ImageFolderDataset:
     """List and check both splits of an ImageNet-layout folder; bad files are skipped with a warning."""
     path = Path(root).expanduser()
-    if not str(root) or not path.is_dir():
-        raise DatasetError(f"data.root={root}: no such folder")
-    try:
+    try:  # is_dir() too: a folder on the way that cannot be searched
+        if not str(root) or not path.is_dir():
+            raise DatasetError(f"data.root={root}: no such folder")
         empty = not any(path.iterdir())
     except OSError as e:
         raise DatasetError(f"data.root={root}: cannot be read ({e.strerror or e})") from None

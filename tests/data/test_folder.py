@@ -220,13 +220,16 @@ def test_an_exclude_list_that_empties_a_split_is_one_line(tmp_path):
         scan_dataset(str(root), exclude_list=str(exclude))
 
 
+@pytest.mark.parametrize("locked", ["itself", "its folder"])
 @pytest.mark.parametrize("key", ["root", "exclude_list"])
-def test_a_data_path_that_cannot_be_read_is_one_line_naming_its_option(small_root, tmp_path, key):
+def test_a_data_path_that_cannot_be_read_is_one_line_naming_its_option(small_root, tmp_path, key, locked):
     """It was a PermissionError traceback (the listing of the classes already said it in one line)."""
-    root, exclude = tmp_path / "data", tmp_path / "exclude.txt"
+    root, exclude = tmp_path / "a" / "data", tmp_path / "b" / "exclude.txt"
     shutil.copytree(small_root, root)
+    exclude.parent.mkdir()
     exclude.write_text("train/none.JPEG\n")
-    (root if key == "root" else exclude).chmod(0)
+    path = root if key == "root" else exclude
+    (path if locked == "itself" else path.parent).chmod(0)
     scan = (
         "import sys; from dali_train.data.folder import DatasetError, scan_dataset\n"
         "try: scan_dataset(sys.argv[1], exclude_list=sys.argv[2], verify=False)\n"
