@@ -15,7 +15,6 @@ rename (`save_durably`).
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
 import random
@@ -29,6 +28,7 @@ import torch
 from timm.utils import unwrap_model
 
 from dali_train.distributed import DistInfo, all_gather_lists
+from dali_train.ending import DISK_FULL_ERRNOS
 from dali_train.resume_fit import CheckpointError, CheckpointMeta, check_fits, load_optimizer
 
 log = logging.getLogger(__name__)
@@ -188,7 +188,7 @@ class Checkpointer:
             finally:
                 probe.unlink(missing_ok=True)
         except OSError as e:
-            kind = "disk full" if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG) else "error"
+            kind = "disk full" if e.errno in DISK_FULL_ERRNOS else "error"
             return kind, f"{self.dir}: checkpoints cannot be written there ({e.strerror or e})"
         return None
 

@@ -62,6 +62,9 @@ def stopped_by_signal(signum: int, message: str, hand_over: Callable[[], None] |
     return Ending("stopped by signal", 128 + signum, message, hand_over)
 
 
+DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)  # no space, a file size limit, a quota
+
+
 def _disk_full(e: BaseException) -> bool:
     try:  # dali_train.checkpoint's class for a checkpoint that could not be written, where it exists
         from dali_train.checkpoint import CheckpointWriteError
@@ -69,7 +72,7 @@ def _disk_full(e: BaseException) -> bool:
         CheckpointWriteError = ()  # noqa: N806 - an empty tuple matches nothing in isinstance
     if isinstance(e, CheckpointWriteError):
         return True
-    return isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
+    return isinstance(e, OSError) and e.errno in DISK_FULL_ERRNOS
 
 
 # What torch's backends say when a collective waited past its timeout: gloo ("Timed out waiting
