@@ -2,8 +2,7 @@
 # loader.hw_decoder_load below 1 (the share of JPEGs on the hardware decoder; the rest go to the batched CUDA
 # decoder instead of the hardware one's per-image region decode and event syncs): ResNet-18 eager and compiled,
 # each variant twice in one process beside the default; then the pipeline-lifetime check after the shutdown
-# change. From the repo root after `source .gpu/p3/unpack.sh`, with OUT set. 2026-12-02, app at the commit
-# that added this file.
+# change. From the repo root after `source .gpu/p3/unpack.sh`, with OUT set. 2026-12-02, app at a2fdc73.
 set -uo pipefail
 export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 S=$SECONDS; mkdir -p $OUT
