@@ -38,7 +38,12 @@ LOW_SPACE_CHECKPOINTS = 3  # warn at startup when the run dir has room for fewer
 
 
 class CheckpointWriteError(CheckpointError):
-    """A checkpoint could not be written (disk full, quota, file size limit); the previous one stands."""
+    """A checkpoint could not be written; the previous one stands. `disk_full`: for lack of space (no
+    space, a quota, a file size limit), the run's "disk full" ending; else (permissions, I/O) "error"."""
+
+    def __init__(self, message: str, *, disk_full: bool) -> None:
+        super().__init__(message)
+        self.disk_full = disk_full
 
 
 @dataclass(frozen=True)
@@ -115,7 +120,8 @@ def save_durably(state: dict[str, Any], tmp: Path, path: Path) -> None:
     """torch.save to `tmp`, then rename it to `path`, each synced to disk first: after a machine crash
     (power, a node lost) a file system may keep the rename but not the data, an empty `path` in
     place of the previous checkpoint, which every requeue would then fail to read."""
-    torch.save(state, tmp)
+    with open(tmp, "wb") as f:  # a Python file: a failed write's OSError (errno) becomes the context of torch's error
+        torch.save(state, f)
     _fsync(tmp)
     os.replace(tmp, path)
     _fsync(path.parent)  # the rename itself
@@ -131,6 +137,14 @@ def _fsync(file_or_dir: Path) -> None:
         log.debug("fsync %s: %s", file_or_dir, e)
     finally:
         os.close(fd)
+
+
+def _os_error(e: BaseException) -> OSError | None:
+    """The OSError behind a failed save: `e` itself, or what torch's writer error was raised during
+    (its own message, "unexpected pos", names no errno)."""
+    while e is not None and not isinstance(e, OSError):
+        e = e.__cause__ or e.__context__
+    return e
 
 
 def _file_system_free(directory: Path) -> int:
@@ -162,7 +176,7 @@ class Checkpointer:
             problem = all_gather_lists([problem], self.dist)[0]
         if problem is not None:
             error, message = problem
-            raise (CheckpointWriteError if error == "disk full" else CheckpointError)(message)
+            raise CheckpointWriteError(message, disk_full=True) if error == "disk full" else CheckpointError(message)
         if not self.dist.is_main:
             return
         need, free = self.estimate_bytes(parts), _file_system_free(self.dir)
@@ -251,11 +265,13 @@ class Checkpointer:
             save_durably(state, tmp, path)
         except (OSError, RuntimeError) as e:
             tmp.unlink(missing_ok=True)
-            reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e).strip().splitlines()[-1][-120:]
+            cause = _os_error(e)
+            reason = cause.strerror if cause and cause.strerror else str(e).strip().splitlines()[-1][-120:]
             raise CheckpointWriteError(
                 f"could not write {path}: it needs about {_mb(tensor_bytes(state))}, "
                 f"{_mb(_file_system_free(path.parent))} free there ({reason}); "
-                + (f"the previous {path.name} is kept" if path.exists() else f"there is no earlier {path.name}")
+                + (f"the previous {path.name} is kept" if path.exists() else f"there is no earlier {path.name}"),
+                disk_full=cause is not None and cause.errno in DISK_FULL_ERRNOS,
             ) from None
 
     def restore(self, path: str, parts, *, eval_only: bool = False) -> Resumed:

@@ -71,7 +71,7 @@ def _disk_full(e: BaseException) -> bool:
     except ImportError:
         CheckpointWriteError = ()  # noqa: N806 - an empty tuple matches nothing in isinstance
     if isinstance(e, CheckpointWriteError):
-        return True
+        return e.disk_full
     return isinstance(e, OSError) and e.errno in DISK_FULL_ERRNOS
 
 

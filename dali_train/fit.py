@@ -95,7 +95,7 @@ class Fit:
         if not self.dist.enabled and self.parts.global_step != self.saved_at:
             try:
                 self.save("last.pt", epoch, step)
-            except (OSError, CheckpointWriteError) as e:  # a full disk: the failure that brought us here is raised
+            except (OSError, CheckpointWriteError) as e:  # a full disk, say: the failure that brought us here is raised
                 log.error("could not save %s before stopping: %s", self.last_pt, e)
                 return
             log.warning("saved %s at epoch %d step %d before stopping", self.last_pt, epoch, step)

@@ -22,6 +22,7 @@ from dali_train.checkpoint import (
     save_durably,
 )
 from dali_train.distributed import DistInfo
+from dali_train.ending import RunShape, ending_for
 from dali_train.engine import updates_per_epoch
 from dali_train.errors import UserError
 from dali_train.models import ModelError, load_pretrained
@@ -147,6 +148,39 @@ def test_a_checkpoint_is_synced_to_disk_before_its_rename_and_the_rename_after(t
     save_durably({"x": torch.ones(3)}, tmp, path)
     assert synced == [str(tmp), str(tmp_path)] and not tmp.exists()
     assert read_checkpoint(path)["x"].sum() == 3
+
+
+def small_training_state():
+    from types import SimpleNamespace
+
+    model = timm.create_model("test_resnet", num_classes=10)
+    parts = SimpleNamespace(model=model, ema=None, optimizer=torch.optim.SGD(model.parameters()), scaler=None, global_step=1)
+    return parts, CheckpointMeta("test_resnet", "sgd", 8, 1, 1, 3)
+
+
+def save_ending(checkpointer: Checkpointer, parts) -> tuple[str, str]:
+    """(end_state, message) of the run a failed save would end."""
+    with pytest.raises(CheckpointError) as failed:
+        checkpointer.save("last.pt", parts, next_epoch=1, next_step=0, best_top1=-1.0)
+    ending = ending_for(failed.value, RunShape("test_resnet", 8, 1, None), 1800, training=True)
+    return ending.state, ending.message
+
+
+def test_a_checkpoint_write_that_runs_out_of_room_ends_disk_full_and_another_failure_does_not(tmp_path):
+    """torch's writer reports any failed write as "unexpected pos", no errno: every failure ended the
+    run "disk full". The errno behind it decides. The temp file is a link: to /dev/full (every write
+    fails with ENOSPC), then into a folder that does not exist (ENOENT)."""
+    parts, meta = small_training_state()
+    checkpointer = Checkpointer(tmp_path, DistInfo(0, 0, 1), meta)
+    checkpointer.dir.mkdir()
+    tmp = checkpointer.dir / f".last.pt.tmp-{os.getpid()}"
+    tmp.symlink_to("/dev/full")
+    state, message = save_ending(checkpointer, parts)
+    assert state == "disk full" and "No space left on device" in message, message
+    tmp.symlink_to(tmp_path / "gone" / "last.pt")
+    state, message = save_ending(checkpointer, parts)
+    assert state == "error" and "No such file or directory" in message, message
+    assert "there is no earlier last.pt" in message and not tmp.is_symlink()
 
 
 def test_an_empty_checkpoint_is_one_line_naming_the_other_one(tmp_path):
