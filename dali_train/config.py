@@ -105,6 +105,8 @@ class DataConfig:
         for key, bounds in (("crop_scale", self.crop_scale), ("crop_ratio", self.crop_ratio)):
             if len(bounds) != 2 or not 0 < bounds[0] <= bounds[1]:  # the loaders fail on it at the first batch
                 raise UserError(f"data.{key}={list(bounds)}: must be [min, max] with 0 < min <= max")
+        if self.crop_scale[1] > 1:  # a share of the image's area: above 1 the crop cannot fit inside the image
+            raise UserError(f"data.crop_scale={list(self.crop_scale)}: shares of the image's area, at most 1")
         if len(self.mean) != 3 or len(self.std) != 3 or min(self.std) <= 0:
             raise UserError(f"data.mean={list(self.mean)} data.std={list(self.std)}: 3 values each, std above 0")
         if max(self.mean) > 1 or max(self.std) > 1:  # the loaders scale pixels to 0..1 first: 0-255 stats flatten them

@@ -114,6 +114,7 @@ def test_a_key_of_another_option_fails_at_composition_like_a_typo(hydra_conf, ov
         (["data.crop_scale=[0.08]"], "data.crop_scale=[0.08]: must be [min, max] with 0 < min <= max"),
         (["data.crop_scale=[1.0,0.08]"], "data.crop_scale=[1.0, 0.08]: must be [min, max]"),
         (["data.crop_ratio=[0.0,1.0]"], "data.crop_ratio=[0.0, 1.0]: must be [min, max]"),
+        (["data.crop_scale=[0.5,1.5]"], "data.crop_scale=[0.5, 1.5]: shares of the image's area, at most 1"),  # was taken
         (["data.train_size=0"], "data.train_size=0: must be at least 1"),
         (["data.std=[0.2,0.2,0.0]"], "std above 0"),
         # 0-255 statistics (NVIDIA's DALI examples) squeezed every input to about -2, near-constant in fp16
