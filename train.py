@@ -155,6 +155,7 @@ def train(cfg: DictConfig, dist: DistInfo, run_dir: Path, writer: MetricsWriter,
         grad_accum_steps=tc.grad_accum_steps,
         updates_per_epoch=upe,
         train_files=len(loaders.dataset.train.files) if loaders.dataset is not None else 0,
+        classes=list(loaders.dataset.classes) if loaders.dataset is not None else [],
         config=OmegaConf.to_container(cfg, resolve=True),
     )
     checkpointer = Checkpointer(run_dir, dist, meta)

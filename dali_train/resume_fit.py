@@ -36,6 +36,7 @@ class CheckpointMeta:
     grad_accum_steps: int
     updates_per_epoch: int  # optimizer steps per epoch: the schedule's unit
     train_files: int = 0  # files in the train split (each epoch's order permutes them); 0 = unknown
+    classes: list[str] = field(default_factory=list)  # the train class folders, label order; [] = unknown
     config: dict[str, Any] = field(default_factory=dict)  # the plain run config, for the record
 
 
@@ -69,6 +70,24 @@ def check_evaluated_network(saved: dict[str, Any], model: Mapping[str, Any], pat
         )
 
 
+def check_same_classes(saved: list[str], meta: CheckpointMeta, path: str) -> None:
+    """Labels are indices into the sorted class folders: another dataset with as many classes (Imagewoof
+    after Imagenette, renamed folders) loaded the head and trained or scored every class as another."""
+    if not saved or not meta.classes or list(saved) == list(meta.classes):
+        return
+    if len(saved) != len(meta.classes):
+        which = f"{len(meta.classes)} classes here, {len(saved)} there"
+    else:
+        i = next(i for i, (a, b) in enumerate(zip(meta.classes, saved, strict=True)) if a != b)
+        which = f"label {i} is {meta.classes[i]!r} here, {saved[i]!r} there"
+    root = meta.config.get("data", {}).get("root")
+    raise CheckpointError(
+        f"data.root={root}: its classes are not the ones trainer.resume={path} was trained on ({which}), so its "
+        f"labels would name other classes; use the data it was trained on, or start from its weights with "
+        f"model.pretrained={path}"
+    )
+
+
 def check_fits(
     state: dict[str, Any], meta: CheckpointMeta, model: torch.nn.Module, path: str, *, eval_only: bool = False
 ) -> None:
@@ -78,6 +97,7 @@ def check_fits(
         raise CheckpointError(
             f"trainer.resume={path}: checkpoint is of model {state['model_name']}, this run builds {meta.model_name}"
         )
+    check_same_classes(state.get("classes") or [], meta, path)
     if change := network_change(state.get("config"), meta.config.get("model", {})):
         key, then, now = change
         raise CheckpointError(

@@ -137,6 +137,22 @@ def test_a_network_change_no_tensor_shows_is_one_line_on_resume(small_root, trai
     assert_one_line_ending(ended, now, then, "another network")
 
 
+@pytest.mark.parametrize("evaluate", [False, True])
+def test_a_dataset_with_other_classes_is_one_line_on_resume_and_evaluation(small_root, trained, tmp_path, evaluate):
+    """The same data under class folders that sort in reverse (as many classes, so the head fits): every
+    label meant another class, and the resume trained on (and an evaluation scored) without a word."""
+    classes = sorted(p.name for p in (small_root / "train").iterdir())
+    for split in ("train", "val"):
+        (tmp_path / "data" / split).mkdir(parents=True)
+        for i, name in enumerate(classes):
+            (tmp_path / "data" / split / f"{len(classes) - 1 - i:02d}_{name}").symlink_to(small_root / split / name)
+    last = trained / "checkpoints" / "last.pt"
+    overrides = ["trainer.eval_only=true"] if evaluate else ["trainer.epochs=2", "trainer.ema=true"]
+    extra = [f"data.root={tmp_path / 'data'}", f"trainer.resume={last}", *overrides]
+    ended = run_inprocess(args(small_root, *extra), tmp_path / "run", check=False)
+    assert_one_line_ending(ended, f"data.root={tmp_path / 'data'}", f"label 0 is '00_{classes[-1]}' here, '{classes[0]}' there")
+
+
 def test_an_ema_checkpoint_resumes_with_its_ema_and_is_evaluated_on_it(small_root, trained, tmp_path):
     """best.pt and the logged top-1 of an EMA run are its EMA weights': a resume without the EMA is
     one line (it dropped them), and an evaluation takes them (it evaluated the raw weights)."""
