@@ -174,4 +174,15 @@ def build_scheduler(
             sched.warmup_epochs,
             epochs,
         )
+    if warmup > 0 and sched.warmup_lr_init > peak:  # fine-tuning at a small LR and batch under the 1e-5 default
+        log.warning(
+            "scheduler.warmup_lr_init=%g is above the peak LR %.4g (optimizer.lr, scaled): the warmup lowers the LR",
+            sched.warmup_lr_init,
+            peak,
+        )
+    decay_epochs = getattr(sched, "decay_epochs", None)  # scheduler=step: its default (30) outlasts a short run
+    if decay_epochs is not None and round(decay_epochs * steps_per_epoch) >= total:
+        log.warning(
+            "scheduler.decay_epochs=%s: no drop within trainer.epochs=%d, the LR stays at its peak", decay_epochs, epochs
+        )
     return SCHEDULERS[sched.name](sched, optimizer, warmup=warmup, total=total, steps_per_epoch=steps_per_epoch)

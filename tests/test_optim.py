@@ -185,13 +185,22 @@ def test_flat_cos_holds_the_peak_then_anneals_over_the_last_steps():
         build_scheduler(sched_cfg(name="flat_cos", flat_frac=1.0), opt, steps_per_epoch=10, epochs=4)
 
 
-def test_a_min_lr_above_the_peak_fails_and_a_run_long_warmup_is_said(caplog):
+def test_a_min_lr_above_the_peak_fails_and_schedules_other_than_asked_are_said(caplog):
     opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
     with pytest.raises(UserError, match=r"scheduler.min_lr=0.5: above the peak LR 0.1"):
         build_scheduler(sched_cfg(name="cosine", min_lr=0.5), opt, steps_per_epoch=10, epochs=4)
     with caplog.at_level("WARNING", logger="dali_train"):
         build_scheduler(sched_cfg(name="cosine", warmup_epochs=1), opt, steps_per_epoch=10, epochs=1)
     assert "scheduler.warmup_epochs=1 spans the whole run (trainer.epochs=1)" in caplog.text
+    # a schedule other than the one asked for, said: a warmup that goes down, a step schedule that never drops
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="dali_train"):
+        for kw in (dict(name="cosine", warmup_epochs=1, warmup_lr_init=0.2), dict(name="step", decay_epochs=30),
+                   dict(name="step", decay_epochs=2)):  # fmt: skip
+            fresh = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)  # a schedule sets the group's LR
+            build_scheduler(sched_cfg(**kw), fresh, steps_per_epoch=10, epochs=4)
+    assert "scheduler.warmup_lr_init=0.2 is above the peak LR 0.1" in caplog.text
+    assert caplog.text.count("no drop within trainer.epochs=4") == 1 and "decay_epochs=30" in caplog.text
     for key, value in (("decay_epochs", 0.0), ("decay_rate", 1.5)):
         with pytest.raises(UserError, match=f"scheduler.{key}={value}"):
             sched_cfg(name="step", **{key: value})
