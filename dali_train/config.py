@@ -165,7 +165,7 @@ class TrainerConfig:
     ema: bool = False  # keep a timm ModelEmaV3 copy, evaluated and checkpointed
     ema_decay: float = 0.9998  # per optimizer step
     ema_warmup: bool = False  # timm's EMA warmup: decay 1-(1+step)^(-2/3), capped at ema_decay (short runs)
-    save_every_n_steps: int = 0  # mid-epoch last.pt every N steps; 0 = end of epoch only
+    save_every_n_steps: int = 0  # mid-epoch last.pt every N optimizer updates (N x grad_accum_steps batches); 0 = off
     log_every_n_steps: int = 50  # step interval of logs, TensorBoard points and host syncs
     max_steps_per_epoch: int | None = None  # cap train steps per epoch (smoke tests)
     max_val_steps: int | None = None  # cap val batches (smoke tests; val_samples then partial)
