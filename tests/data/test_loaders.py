@@ -20,6 +20,7 @@ from dali_train.data import DatasetError, NextEpoch, build_loaders, progressive_
 from dali_train.data.dali_graph import list_lines, reader_source
 from dali_train.data.order import epoch_order
 from dali_train.distributed import DistInfo
+from dali_train.throughput import Endless
 from tests.conftest import REPO
 from tests.data.damage import damage_huffman_table, enlarge_frame
 
@@ -411,6 +412,36 @@ def test_a_pass_left_mid_way_shuts_its_pipeline_down_at_once(sample_root, split)
     batches.close()
     assert dali_threads() == before
     assert torch.equal(next(iter(loader))[1], first_labels)
+
+
+class HeldPasses:
+    """A loader whose passes something else also holds: then only closing the pass itself ends it, as
+    on Python 3.12, where closing the benchmark's outer generator did not finalize the pass inside it."""
+
+    def __init__(self, loader) -> None:
+        self.loader, self.passes = loader, []
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def set_epoch(self, epoch: int, start_step: int = 0) -> None:
+        self.loader.set_epoch(epoch, start_step)
+
+    def __iter__(self):
+        self.passes.append(iter(self.loader))
+        return self.passes[-1]
+
+
+def test_closing_a_benchmarks_batches_ends_the_loaders_pass_and_its_pipeline(sample_root):
+    """benchmark.py leaves each row's epoch mid-way and closes its `Endless`: that must end the
+    loader's pass (and so shut its pipeline down) even while something else still holds the pass."""
+    held = HeldPasses(loaders(sample_root, "loader=dali_cpu", *SMALL).train)
+    before = dali_threads()
+    batches = Endless(held)
+    next(batches)
+    assert dali_threads() > before
+    batches.close()
+    assert dali_threads() == before and held.passes
 
 
 def test_a_pass_that_ends_after_the_next_epoch_is_built_leaves_that_pipeline_alone(sample_root):
