@@ -30,7 +30,12 @@ from omegaconf import DictConfig, OmegaConf
 
 from dali_train.checkpoint import Checkpointer, CheckpointMeta
 from dali_train.config import load_config, register_configs
-from dali_train.config_errors import check_experiment_choice, composition_error_line, require_values
+from dali_train.config_errors import (
+    check_experiment_choice,
+    composition_error_line,
+    refuse_keys_past_the_schema,
+    require_values,
+)
 from dali_train.data import build_loaders
 from dali_train.device import amp_dtype_for, configure_backends, select_device, set_cuda_max_connections
 from dali_train.distributed import (
@@ -235,6 +240,7 @@ def main(cfg: DictConfig) -> float:
     try:
         check_experiment_choice(HydraConfig.get().runtime.choices.get("experiment"))
         refuse_new_run_over_run(Path(HydraConfig.get().runtime.output_dir), cfg.trainer.eval_only, cfg.trainer.resume)
+        refuse_keys_past_the_schema(cfg)  # a `+key` no schema has: before run() logs it
         require_values(cfg)  # before run() logs the resolved config
         return run(cfg)
     except UserError as e:  # before the run dir: no summary

@@ -28,7 +28,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from dali_train.config_errors import key_line, require_values
+from dali_train.config_errors import key_line, refuse_keys_past_the_schema, require_values
 from dali_train.errors import UserError
 from dali_train.options import (  # the option groups' schemas
     AnnealSchedulerConfig,
@@ -274,6 +274,7 @@ def register_configs() -> None:
 def load_config(cfg: DictConfig) -> Config:
     """The composed config as typed objects, every value checked (`__post_init__`); a UserError
     naming the key otherwise. The builders take the parts of what this returns."""
+    refuse_keys_past_the_schema(cfg)
     require_values(cfg)
     try:
         return OmegaConf.to_object(cfg)

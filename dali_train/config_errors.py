@@ -1,10 +1,11 @@
 """Why a config did not compose or convert, as one line naming the key: Hydra's composition errors
-(several lines with hints), OmegaConf's key errors, required values nobody set, and a shared recipe
-part chosen as a recipe. train.py and the scripts print these lines; config.py raises them.
+(several lines with hints), OmegaConf's key errors, required values nobody set, keys added past the
+schema with `+`, and a shared recipe part chosen as a recipe. train.py and the scripts print these lines; config.py raises them.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -27,6 +28,23 @@ def require_values(cfg: DictConfig) -> None:
         raise UserError(key_line(e)) from None
     if missing:
         raise UserError(f"{missing[0]}: no value; set it on the command line ({missing[0]}=...)")
+
+
+def refuse_keys_past_the_schema(cfg: DictConfig, prefix: str = "") -> None:
+    """A UserError for a key its section's schema lacks. Hydra's `+trainer.epoch=10` (and
+    `+optimizer.kwargs.fused=true` under optimizer=sgd, as Hydra's own hint suggests) adds keys past
+    the struct flag; OmegaConf.to_object then drops them or keeps them unread: a run without them."""
+    schema = OmegaConf.get_type(cfg)
+    known = {f.name for f in dataclasses.fields(schema)} if dataclasses.is_dataclass(schema) else None
+    for key in cfg.keys():
+        if known is not None and key not in known:
+            section = prefix.rstrip(".") or "the config"
+            raise UserError(
+                f"{prefix}{key}: not a key of {section} ({schema.__name__}); its keys: {', '.join(sorted(known))}"
+            )
+        node = cfg._get_node(key)  # the node, not its value: nothing resolves here
+        if isinstance(node, DictConfig) and not node._is_missing() and not node._is_none():
+            refuse_keys_past_the_schema(node, f"{prefix}{key}.")
 
 
 def check_experiment_choice(choice: str | None) -> None:

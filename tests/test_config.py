@@ -182,6 +182,32 @@ def test_a_key_of_another_option_is_one_error_line_and_exit_2(overrides, key, ca
     assert len(lines) == 1 and lines[0].startswith(f"error: {key}: ") and proc.stdout == "", proc.stderr
 
 
+@pytest.mark.parametrize(
+    "overrides, key, schema",
+    [
+        (["+trainer.epoch=3"], "trainer.epoch", "TrainerConfig"),
+        (["optimizer=sgd", "+optimizer.kwargs.fused=true"], "optimizer.kwargs", "SgdConfig"),
+        (["+data.root_dir=/x"], "data.root_dir", "DataConfig"),
+        (["+seeds=3"], "seeds", "Config"),
+    ],
+)
+def test_a_key_added_past_the_schema_with_plus_fails_before_any_work(tmp_path, overrides, key, schema, capfd):
+    """Hydra's `+` adds a key that no schema has without a word (its hint says to use it for the
+    error a typo gets): the run would train without it. train.py refuses it in one line, exit 2."""
+    run_dir = tmp_path / "run"
+    proc = run_script("train.py", *overrides, f"hydra.run.dir={run_dir}", capfd=capfd, check=False)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {key}: not a key of ") and f"({schema})" in lines[0]
+    assert not (run_dir / "checkpoints").exists() and not (run_dir / "summary.json").exists()
+
+
+def test_a_key_added_with_plus_where_the_schema_takes_any_is_kept(hydra_conf):
+    """optimizer.kwargs of a timm optimizer is free-form: `+` is how a key gets there."""
+    cfg = load_config(compose("config", overrides=["optimizer=adamw", "+optimizer.kwargs.foreach=false"]))
+    assert cfg.optimizer.kwargs == {"foreach": False}
+
+
 def test_config_prints_without_resolving_paths(capfd):
     proc = run_script("train.py", "--cfg", "job", capfd=capfd)
     assert "loader:" in proc.stdout and "name: dali" in proc.stdout
