@@ -53,7 +53,7 @@ from dali_train.distributed import (
 )
 from dali_train.ending import EXIT_USER, Ending, RunShape, ending_for, stopped_by_signal
 from dali_train.engine import updates_per_epoch
-from dali_train.errors import UserError
+from dali_train.errors import UserError, print_error
 from dali_train.fit import Fit
 from dali_train.logs import MetricsWriter, setup_logging
 from dali_train.model_inputs import check_input_sides, run_input_sides
@@ -245,11 +245,11 @@ def main(cfg: DictConfig) -> float:
         return run(cfg)
     except UserError as e:  # before the run dir: no summary
         log.error("%s", e)
-        print(f"error: {e}", file=sys.stderr)
+        print_error(str(e))
         return _end_job(EXIT_USER, str(e))
     except RunEnded as e:
         if e.ending.exit_code == EXIT_USER:
-            print(f"error: {e.ending.message}", file=sys.stderr)
+            print_error(e.ending.message)
         return _end_job(e.ending.exit_code, e.ending.message)
     except Exception as e:  # a bug; Optuna's sweeper (max_failure_rate 1.0) would keep only its message
         if HydraConfig.initialized() and "optuna" in str(HydraConfig.get().sweeper.get("_target_", "")):
@@ -285,8 +285,8 @@ if __name__ == "__main__":
         elif _task_started or hydra_traceback:  # a bug in the run: its traceback follows
             raise
         else:
-            print(f"error: {composition_error_line(e)}", file=sys.stderr)
+            print_error(composition_error_line(e))
             sys.exit(EXIT_USER)
     if _failed_jobs:  # a multirun whose every job ran, some with an error
-        print(f"error: {len(_failed_jobs)} job(s) of the sweep failed; " + "; ".join(_failed_jobs), file=sys.stderr)
+        print_error(f"{len(_failed_jobs)} job(s) of the sweep failed; " + "; ".join(_failed_jobs))
         sys.exit(EXIT_USER)

@@ -4,6 +4,15 @@
 that goes wrong is a bug and keeps its traceback.
 """
 
+import sys
+
 
 class UserError(ValueError):
     """Its message is one line: what is wrong, the value seen, and the fix."""
+
+
+def print_error(message: str) -> None:
+    """`error: MESSAGE` on stderr in one write: under torchrun every rank prints it, and print()'s
+    separate newline write let two ranks' lines run together on an unbuffered stderr."""
+    sys.stderr.write(f"error: {message}\n")
+    sys.stderr.flush()

@@ -48,7 +48,7 @@ from dali_train.data.folder import list_classes
 from dali_train.device import amp_dtype_for, configure_backends, select_device, set_cuda_max_connections
 from dali_train.distributed import init_distributed, shutdown
 from dali_train.engine import TrainParts, train_step
-from dali_train.errors import UserError
+from dali_train.errors import UserError, print_error
 from dali_train.parts import build_train_parts
 from dali_train.throughput import PROFILE_STEPS, Endless, build_timing, profiled_window, timed_windows
 
@@ -94,7 +94,7 @@ def make_train_parts(cfg: Config, dist, device, *, num_classes: int, updates_per
 
 def fail(message: str) -> None:
     """A one-line error and exit code 2, as train.py and argparse do."""
-    print(f"error: {message}", file=sys.stderr)
+    print_error(message)  # one write: every rank of a torchrun prints it
     sys.exit(2)
 
 
