@@ -40,7 +40,7 @@ class Placement:
         return Placement("mixed" if loader_name == "dali" else "cpu", True, device.index or 0)
 
 
-def _decoder_kwargs(placement: Placement, s: DaliCpuLoaderConfig) -> dict:
+def _decoder_kwargs(placement: Placement, s: DaliCpuLoaderConfig, *, train: bool = True) -> dict:
     # The pixels as stored, EXIF orientation ignored, as PIL's loader (loader=pytorch) and the
     # torchvision references read them: every loader, and the published baselines, see one image.
     kwargs = {"adjust_orientation": False}
@@ -52,7 +52,9 @@ def _decoder_kwargs(placement: Placement, s: DaliCpuLoaderConfig) -> dict:
         "device_memory_padding": s.device_memory_padding,
         "host_memory_padding": s.host_memory_padding,
     }
-    if s.preallocate_width_hint and s.preallocate_height_hint:
+    # The buffer hints only where they were measured to pay (the train pipeline's throughput); the
+    # validation pipeline would hold their GPU memory (+3.6 GiB at ImageNet's size) for no measured gain.
+    if train and s.preallocate_width_hint and s.preallocate_height_hint:
         kwargs["preallocate_width_hint"] = s.preallocate_width_hint
         kwargs["preallocate_height_hint"] = s.preallocate_height_hint
     return kwargs
@@ -164,7 +166,7 @@ def val_pipeline(source, shard_id, num_shards, placement, settings, t):
         name="Reader",
     )
     images = fn.decoders.image(
-        jpegs, device=placement.decoder, output_type=types.RGB, **_decoder_kwargs(placement, settings)
+        jpegs, device=placement.decoder, output_type=types.RGB, **_decoder_kwargs(placement, settings, train=False)
     )
     if placement.gpu_post and placement.decoder == "cpu":
         images = images.gpu()

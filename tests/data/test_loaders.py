@@ -17,9 +17,10 @@ from PIL import Image
 
 from dali_train.config import load_config, register_configs
 from dali_train.data import DatasetError, NextEpoch, build_loaders, progressive_size
-from dali_train.data.dali_graph import list_lines, reader_source
+from dali_train.data.dali_graph import Placement, _decoder_kwargs, list_lines, reader_source
 from dali_train.data.order import epoch_order
 from dali_train.distributed import DistInfo
+from dali_train.options import DaliLoaderConfig
 from dali_train.throughput import Endless
 from tests.conftest import REPO
 from tests.data.damage import damage_huffman_table, enlarge_frame
@@ -473,3 +474,15 @@ def test_an_epoch_read_to_its_last_batch_is_shut_down_by_the_next_set_epoch(samp
     assert dali_threads() - before == one_pipeline  # the old one shut down, the next one built
     assert sum(1 for _ in loader) == len(loader)
     assert sum(1 for _ in loader) == len(loader)  # read to its end: the next pass builds it again
+
+
+def test_the_hardware_decoders_buffer_hints_go_to_the_train_pipeline_only():
+    """loader=dali's preallocate hints paid in train throughput on the H200; the validation decoder
+    would hold their GPU memory for nothing measured. 0 leaves DALI's own sizing."""
+    mixed = Placement("mixed", True, 0)
+    settings = DaliLoaderConfig(name="dali")
+    train = _decoder_kwargs(mixed, settings)
+    assert (train["preallocate_width_hint"], train["preallocate_height_hint"]) == (5980, 6430)
+    assert "preallocate_width_hint" not in _decoder_kwargs(mixed, settings, train=False)
+    assert "preallocate_width_hint" not in _decoder_kwargs(mixed, DaliLoaderConfig(name="dali", preallocate_width_hint=0))
+    assert "preallocate_width_hint" not in _decoder_kwargs(Placement("cpu", False, None), settings)
