@@ -58,6 +58,7 @@ from dali_train.fit import Fit
 from dali_train.logs import MetricsWriter, setup_logging
 from dali_train.model_inputs import check_input_sides, run_input_sides
 from dali_train.parts import build_train_parts
+from dali_train.resume_fit import check_evaluated_classes
 from dali_train.run_dirs import continues_its_run, evaluates_a_run, refuse_new_run_over_run
 from dali_train.sweep import write_sweep_summary
 
@@ -184,6 +185,8 @@ def train(cfg: DictConfig, dist: DistInfo, run_dir: Path, writer: MetricsWriter,
         amp_dtype=amp_dtype,
         restoring=resume,  # its weights replace model.pretrained's: that file is not read (a requeue may lack it)
     )
+    if tc.eval_only and not resume and c.model.pretrained:
+        check_evaluated_classes(c.model.pretrained, meta)
     sides = run_input_sides(c.data, epochs=tc.epochs, eval_only=tc.eval_only, progressive=c.loader.name != "synthetic")
     check_input_sides(parts.model, c.model.name, sides)
 

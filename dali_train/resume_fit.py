@@ -70,9 +70,10 @@ def check_evaluated_network(saved: dict[str, Any], model: Mapping[str, Any], pat
         )
 
 
-def check_same_classes(saved: list[str], meta: CheckpointMeta, path: str) -> None:
+def check_same_classes(saved: list[str], meta: CheckpointMeta, path: str, *, key: str = "trainer.resume") -> None:
     """Labels are indices into the sorted class folders: another dataset with as many classes (Imagewoof
-    after Imagenette, renamed folders) loaded the head and trained or scored every class as another."""
+    after Imagenette, renamed folders) loaded the head and trained or scored every class as another.
+    `key`: the option that named the checkpoint (model.pretrained for an evaluation of its weights)."""
     if not saved or not meta.classes or list(saved) == list(meta.classes):
         return
     if len(saved) != len(meta.classes):
@@ -81,11 +82,23 @@ def check_same_classes(saved: list[str], meta: CheckpointMeta, path: str) -> Non
         i = next(i for i, (a, b) in enumerate(zip(meta.classes, saved, strict=True)) if a != b)
         which = f"label {i} is {meta.classes[i]!r} here, {saved[i]!r} there"
     root = meta.config.get("data", {}).get("root")
+    fix = "evaluate it on the data it was trained on"
+    if key == "trainer.resume":
+        fix = f"use the data it was trained on, or start from its weights with model.pretrained={path}"
     raise CheckpointError(
-        f"data.root={root}: its classes are not the ones trainer.resume={path} was trained on ({which}), so its "
-        f"labels would name other classes; use the data it was trained on, or start from its weights with "
-        f"model.pretrained={path}"
+        f"data.root={root}: its classes are not the ones {key}={path} was trained on ({which}), so its "
+        f"labels would name other classes; {fix}"
     )
+
+
+def check_evaluated_classes(path: str, meta: CheckpointMeta) -> None:
+    """`trainer.eval_only` of `model.pretrained=` one of our checkpoints: the classes it was trained on
+    against the data's (check_same_classes). Other weight files record none and are not checked."""
+    if path.endswith(".safetensors"):
+        return
+    state = torch.load(path, map_location="cpu", weights_only=True)  # readable: build_model has loaded it
+    if isinstance(state, dict):
+        check_same_classes(state.get("classes") or [], meta, path, key="model.pretrained")
 
 
 def check_fits(

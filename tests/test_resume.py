@@ -137,20 +137,24 @@ def test_a_network_change_no_tensor_shows_is_one_line_on_resume(small_root, trai
     assert_one_line_ending(ended, now, then, "another network")
 
 
-@pytest.mark.parametrize("evaluate", [False, True])
-def test_a_dataset_with_other_classes_is_one_line_on_resume_and_evaluation(small_root, trained, tmp_path, evaluate):
+@pytest.mark.parametrize("how", ["resume", "evaluate", "evaluate_pretrained"])
+def test_a_dataset_with_other_classes_is_one_line_on_resume_and_evaluation(small_root, trained, tmp_path, how):
     """The same data under class folders that sort in reverse (as many classes, so the head fits): every
-    label meant another class, and the resume trained on (and an evaluation scored) without a word."""
+    label meant another class, and the resume trained on (and an evaluation scored, of trainer.resume=
+    or of model.pretrained=) without a word."""
     classes = sorted(p.name for p in (small_root / "train").iterdir())
     for split in ("train", "val"):
         (tmp_path / "data" / split).mkdir(parents=True)
         for i, name in enumerate(classes):
             (tmp_path / "data" / split / f"{len(classes) - 1 - i:02d}_{name}").symlink_to(small_root / split / name)
     last = trained / "checkpoints" / "last.pt"
-    overrides = ["trainer.eval_only=true"] if evaluate else ["trainer.epochs=2", "trainer.ema=true"]
-    extra = [f"data.root={tmp_path / 'data'}", f"trainer.resume={last}", *overrides]
+    key = "model.pretrained" if how == "evaluate_pretrained" else "trainer.resume"
+    overrides = {"resume": ["trainer.epochs=2", "trainer.ema=true"]}.get(how, ["trainer.eval_only=true"])
+    extra = [f"data.root={tmp_path / 'data'}", f"{key}={last}", *overrides]
     ended = run_inprocess(args(small_root, *extra), tmp_path / "run", check=False)
-    assert_one_line_ending(ended, f"data.root={tmp_path / 'data'}", f"label 0 is '00_{classes[-1]}' here, '{classes[0]}' there")
+    assert_one_line_ending(
+        ended, f"data.root={tmp_path / 'data'}", f"{key}={last} was trained on", f"label 0 is '00_{classes[-1]}' here"
+    )
 
 
 def test_an_ema_checkpoint_resumes_with_its_ema_and_is_evaluated_on_it(small_root, trained, tmp_path):
