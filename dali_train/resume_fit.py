@@ -97,8 +97,9 @@ def check_evaluated_classes(path: str, meta: CheckpointMeta) -> None:
     if path.endswith(".safetensors"):
         return
     state = torch.load(path, map_location="cpu", weights_only=True)  # readable: build_model has loaded it
-    if isinstance(state, dict):
-        check_same_classes(state.get("classes") or [], meta, path, key="model.pretrained")
+    ours = isinstance(state, dict) and "model_name" in state and "format_version" in state  # as models.read_weights
+    if ours and isinstance(state.get("classes"), list):
+        check_same_classes(state["classes"], meta, path, key="model.pretrained")
 
 
 def check_fits(
