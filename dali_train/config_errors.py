@@ -1,6 +1,7 @@
 """Why a config did not compose or convert, as one line naming the key: Hydra's composition errors
 (several lines with hints), OmegaConf's key errors, required values nobody set, keys added past the
-schema with `+`, and a shared recipe part chosen as a recipe. train.py and the scripts print these lines; config.py raises them.
+schema with `+`, and a shared recipe part chosen as a recipe. train.py and the scripts print these
+lines; config.py raises them.
 """
 
 from __future__ import annotations
