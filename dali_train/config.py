@@ -77,6 +77,7 @@ class ProgressiveConfig:
         must_be_at_least("data.progressive.end_epoch", self.end_epoch, self.start_epoch)
 
 
+
 @dataclass
 class DataConfig:
     name: str = MISSING  # preset name (sample, imagenet, imagenette, ...), for logs only
@@ -258,6 +259,14 @@ SCHEMAS: dict[str, dict[str, type]] = {  # group -> schema name (in the option's
 }
 
 
+SAMPLE_DIR = ".cache/sample-v1"  # data=sample's generated demo set, under the launch directory
+
+
+def sample_cache_root() -> str:
+    """Where data=sample generates and reads its demo set (`${dali_train.sample_root:}`)."""
+    return os.path.join(os.getcwd(), SAMPLE_DIR)
+
+
 def register_configs() -> None:
     """Make `config_schema` and each option's schema available to the defaults lists in conf/, and
     the `${dali_train.cwd:}` resolver (the launch directory; unlike `${hydra:runtime.cwd}` it also
@@ -268,6 +277,7 @@ def register_configs() -> None:
         for name, node in schemas.items():
             store.store(group=group, name=name, node=node)
     OmegaConf.register_new_resolver("dali_train.cwd", os.getcwd, replace=True)
+    OmegaConf.register_new_resolver("dali_train.sample_root", sample_cache_root, replace=True)
     OmegaConf.register_new_resolver("dali_train.hydra_record_dir", hydra_record_dir, replace=True)
 
 

@@ -178,6 +178,42 @@ def test_user_errors_are_one_line_with_exit_code_2(bad_roots, tmp_path, args, me
     assert "\n" not in str(ended.ended) and message in str(ended.ended), str(ended.ended)
 
 
+@pytest.mark.parametrize("layout", ["missing", "empty", "train_only"])
+def test_a_data_root_under_the_sample_preset_is_refused_and_never_generated_into(sample_root, tmp_path, layout):
+    """data.root without data=imagenet keeps the default preset, data=sample: a folder that is no dataset
+    yet (a typo, an unmounted disk, ImageNet before its val/) is one line naming data=imagenet and stays as
+    it was. The demo set used to be generated there and trained on, ending "completed"."""
+    root = tmp_path / "imagenet"
+    if layout != "missing":
+        root.mkdir()
+    if layout == "train_only":
+        shutil.copytree(next(sample_root.glob("train/*")), root / "train" / "n0")
+    before = sorted(root.rglob("*")) if root.exists() else None
+    ended = run_inprocess([*TINY, f"data.root={root}"], tmp_path / "run", check=False)
+    assert exit_code(ended.ended) == 2, ended.log[-2000:]
+    message = str(ended.ended)
+    assert "\n" not in message and f"data.root={root}: no val/ folder" in message, message
+    assert f"use data=imagenet data.root={root}" in message, message
+    assert (sorted(root.rglob("*")) if root.exists() else None) == before
+
+
+def test_the_sample_preset_generates_its_set_in_the_launch_directory(tmp_path, monkeypatch):
+    """The demo's path: data=sample's own folder is generated when absent, and read as it is after."""
+    from dali_train.config import sample_cache_root
+    from dali_train.data import prepare_sample_data
+    from dali_train.distributed import DistInfo
+
+    monkeypatch.chdir(tmp_path)
+    root = Path(sample_cache_root())
+    assert root == tmp_path / ".cache" / "sample-v1"
+    prepare_sample_data(str(root), DistInfo(0, 0, 1))
+    jpegs = sorted(root.rglob("*.JPEG"))
+    assert len(list(root.glob("val/*/*.JPEG"))) == 100 and len(jpegs) == 500
+    stamps = [p.stat().st_mtime_ns for p in jpegs]
+    prepare_sample_data(str(root), DistInfo(0, 0, 1))  # present: not made again
+    assert [p.stat().st_mtime_ns for p in jpegs] == stamps
+
+
 def test_a_user_error_is_one_stderr_line_and_exit_code_2(tmp_path, capfd):
     """`python train.py` with a bad data.root (in this process; a real interpreter's exit 2 and
     `error:` line: test_run_end's stopped-rank test): main prints the one line and exits 2; Hydra

@@ -19,7 +19,7 @@ from typing import Protocol
 
 import torch
 
-from dali_train.config import DataConfig
+from dali_train.config import DataConfig, sample_cache_root
 from dali_train.data.folder import DatasetError, ImageFolderDataset, Split, scan_dataset, warn_excluded
 from dali_train.data.order import padding_per_epoch, steps_per_epoch
 from dali_train.data.sample import make_image_folder
@@ -106,7 +106,26 @@ def progressive_size(data: DataConfig) -> Callable[[int], int]:
 
 
 def prepare_sample_data(root: str, dist: DistInfo) -> None:
-    """Generate the built-in sample dataset once (rank 0; the others wait)."""
+    """data=sample: generate the demo set once, in its own folder (rank 0; the others wait). Under
+    this preset (the default) a data.root of the user's is never generated into: a path that is not
+    a dataset yet (a typo, an unmounted disk, ImageNet before its val/ is made) is one line naming
+    data=imagenet, not a run on made-up images; a dataset there trains with a warning, as the
+    preset's demo crops, batch and epochs apply to it."""
+    own = sample_cache_root()
+    if os.path.abspath(root) != own:
+        if not (Path(root) / "val").is_dir():
+            raise DatasetError(
+                f"data.root={root}: no val/ folder there, and data=sample (the default preset) generates its demo "
+                f"set only in {own}; for a dataset of your own use data=imagenet data.root={root} (or data=imagenette)"
+            )
+        if dist.is_main:
+            log.warning(
+                "data.root=%s under data=sample, the demo preset: its small crops, batch and epochs apply; for a "
+                "dataset of your own use data=imagenet data.root=%s",
+                root,
+                root,
+            )
+        return
     if dist.is_main and not (Path(root) / "val").is_dir():
         log.info("generating the sample dataset in %s (first use only)", root)
         make_image_folder(root)
