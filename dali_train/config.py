@@ -75,7 +75,16 @@ class ProgressiveConfig:
         must_be_at_least("data.progressive.end_size", self.end_size, self.step)
         must_be_at_least("data.progressive.start_epoch", self.start_epoch, 0)
         must_be_at_least("data.progressive.end_epoch", self.end_epoch, self.start_epoch)
-
+        if not self.enabled:  # as TrainerConfig's: a setting of the ramp most likely meant to turn it on
+            unused = [
+                f"data.progressive.{f.name}={getattr(self, f.name)}"
+                for f in dataclasses.fields(self)
+                if f.name != "enabled" and getattr(self, f.name) != f.default
+            ]
+            if unused:
+                logging.getLogger(__name__).warning(
+                    "not used, the feature being off: %s (data.progressive.enabled=false)", "; ".join(unused)
+                )
 
 
 @dataclass

@@ -253,6 +253,21 @@ def test_each_loader_reads_its_own_local_file(tmp_path, loader, key, value):
     GlobalHydra.instance().clear()
 
 
+def test_a_progressive_resize_setting_without_the_ramp_on_is_a_warning(hydra_conf, caplog):
+    """data.progressive sizes without data.progressive.enabled=true trained at data.train_size without a word."""
+    ramp = ["data.progressive.start_size=32", "data.progressive.end_size=64"]
+    with caplog.at_level("WARNING", logger="dali_train.config"):
+        load_config(compose("config", overrides=ramp))
+    assert caplog.messages == [
+        "not used, the feature being off: data.progressive.start_size=32; data.progressive.end_size=64 "
+        "(data.progressive.enabled=false)"
+    ]
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="dali_train.config"):
+        load_config(compose("config", overrides=[*ramp, "data.progressive.enabled=true", "data.progressive.end_epoch=3"]))
+    assert caplog.messages == []
+
+
 def test_a_setting_of_a_feature_that_is_off_is_a_warning(hydra_conf, caplog):
     """`trainer.compile_mode=max-autotune` without `trainer.compile=true` (or an EMA decay without the
     EMA) was ignored without a word; with the feature on, nothing is said."""
