@@ -480,7 +480,8 @@ def _main(args) -> None:
     set_cuda_max_connections(base.trainer.cuda_max_connections)  # before anything starts CUDA, as in train.py
     dist = init_distributed()  # under torchrun: one process per GPU, DDP; rates count all ranks
     device = select_device(base.trainer.device, dist)
-    configure_backends(device, deterministic=False, cudnn_benchmark=True)
+    tc = base.trainer  # as train.py sets them: `-- trainer.tf32=false` and the like apply here too
+    configure_backends(device, deterministic=tc.deterministic, cudnn_benchmark=tc.cudnn_benchmark, tf32=tc.tf32)
     rows = tune(args, dist, device) if args.tune else run(args, dist, device)
     shutdown()
     if not dist.is_main:

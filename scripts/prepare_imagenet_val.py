@@ -13,9 +13,9 @@ val/<class>/. Ground truth, in either form:
     python scripts/prepare_imagenet_val.py /data/imagenet/val --labels LOC_val_solution.csv --dry-run
     python scripts/prepare_imagenet_val.py /data/imagenet/val --labels LOC_val_solution.csv
 
-Files are moved (or --copy'd) inside the val folder, each through a temporary dotfile renamed into
-place, so a rerun after an interruption resumes and never keeps a half-copied file; nothing is
-overwritten; --dry-run only prints.
+Files are moved (one rename each) or --copy'd (through a temporary dotfile renamed into place) inside
+the val folder, so a rerun after an interruption resumes and never keeps a half-copied file; nothing
+is overwritten; --dry-run only prints.
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@ img/s and wall time, sorted by top-1, as sweep_summary.md and sweep_summary.csv 
 
     python scripts/sweep_summary.py multirun/2026-11-29/21-10-00
 
-Hydra multiruns write it by themselves at the end; use this for sweeps launched by
-scripts/sweep_torchrun.py or SLURM arrays, or to refresh a table while a sweep is running.
+Hydra multiruns and scripts/sweep_torchrun.py write it by themselves at the end; use this for SLURM
+arrays, or to refresh a table while a sweep is running.
 """
 
 from __future__ import annotations

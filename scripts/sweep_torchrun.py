@@ -6,7 +6,7 @@ job. This wrapper expands the same sweep syntax (`a=1,2 b=x,y`: the cartesian pr
 Hydra's override parser) and runs `torchrun --nproc_per_node=N train.py <point>` for each point
 into multirun/STAMP/<n>/, then writes the sweep summary table there.
 
-    python scripts/sweep_torchrun.py --nproc 8 -- optimizer.lr=0.05,0.1,0.2 model=resnet50 data=imagenet
+    python scripts/sweep_torchrun.py --nproc 8 -- optimizer.lr=0.05,0.1,0.2 model=resnet50 data=imagenet data.root=/data/imagenet
 
 For sweeps over several nodes use SLURM (hydra/launcher=slurm; see README).
 """
