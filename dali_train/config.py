@@ -163,7 +163,7 @@ class TrainerConfig:
     tf32: bool = True  # TF32 tensor cores for fp32 matmuls and convolutions (false: full fp32 where amp=off)
     compile: bool = False  # torch.compile the model (before the DDP wrap)
     compile_mode: str = "default"  # default | reduce-overhead (CUDA graphs) | max-autotune | max-autotune-no-cudagraphs
-    cuda_max_connections: int = 32  # CUDA_DEVICE_MAX_CONNECTIONS unless set in the environment; 0 = CUDA's 8
+    cuda_max_connections: int = 32  # CUDA_DEVICE_MAX_CONNECTIONS unless set in the environment; 0 = CUDA's 8; read as CUDA starts
     cudnn_benchmark: bool = True  # autotune convolutions for fixed input sizes
     deterministic: bool = False  # deterministic algorithms (slower); used by the resume test
     grad_accum_steps: int = 1  # micro-batches per optimizer step (no all-reduce between)
