@@ -278,14 +278,13 @@ def sample_cache_root() -> str:
 
 def register_configs() -> None:
     """Make `config_schema` and each option's schema available to the defaults lists in conf/, and
-    the `${dali_train.cwd:}` resolver (the launch directory; unlike `${hydra:runtime.cwd}` it also
-    resolves in configs composed outside @hydra.main: tests, scripts/benchmark.py)."""
+    the `${dali_train.sample_root:}` resolver (under the launch directory; unlike `${hydra:runtime.cwd}`
+    it also resolves in configs composed outside @hydra.main: tests, scripts/benchmark.py)."""
     store = ConfigStore.instance()
     store.store(name="config_schema", node=Config)
     for group, schemas in SCHEMAS.items():
         for name, node in schemas.items():
             store.store(group=group, name=name, node=node)
-    OmegaConf.register_new_resolver("dali_train.cwd", os.getcwd, replace=True)
     OmegaConf.register_new_resolver("dali_train.sample_root", sample_cache_root, replace=True)
     OmegaConf.register_new_resolver("dali_train.hydra_record_dir", hydra_record_dir, replace=True)
 
