@@ -59,7 +59,7 @@ from dali_train.logs import MetricsWriter, setup_logging
 from dali_train.model_inputs import check_input_sides, run_input_sides
 from dali_train.parts import build_train_parts
 from dali_train.resume_fit import check_evaluated_classes
-from dali_train.run_dirs import continues_its_run, evaluates_a_run, refuse_new_run_over_run
+from dali_train.run_dirs import continues_its_run, evaluates_a_run, refuse_new_run_over_run, training_lock
 from dali_train.sweep import write_sweep_summary
 
 log = logging.getLogger("dali_train")
@@ -242,10 +242,12 @@ def main(cfg: DictConfig) -> float:
     _task_started = True
     try:
         check_experiment_choice(HydraConfig.get().runtime.choices.get("experiment"))
-        refuse_new_run_over_run(Path(HydraConfig.get().runtime.output_dir), cfg.trainer.eval_only, cfg.trainer.resume)
+        run_dir = Path(HydraConfig.get().runtime.output_dir)
+        refuse_new_run_over_run(run_dir, cfg.trainer.eval_only, cfg.trainer.resume)
         refuse_keys_past_the_schema(cfg)  # a `+key` no schema has: before run() logs it
         require_values(cfg)  # before run() logs the resolved config
-        return run(cfg)
+        with training_lock(run_dir, cfg.trainer.eval_only):
+            return run(cfg)
     except UserError as e:  # before the run dir: no summary
         log.error("%s", e)
         print_error(str(e))

@@ -1,16 +1,21 @@
 """Run directories: which one holds a run, and what a new run, a resume and an evaluation may do there.
 
-A new training run (no trainer.resume, or another run's checkpoint) is refused in a dir that holds
-a run, before Hydra's record could overwrite the run's: Hydra resolves `hydra.output_subdir` through `hydra_record_dir` (the
+A training in a dir where another process trains is refused (rank 0 of a training holds the dir's
+flock, `training_lock`). A new training run (no trainer.resume, or another run's checkpoint) is
+refused in a dir that holds a run, before Hydra's record could overwrite the run's: Hydra resolves `hydra.output_subdir` through `hydra_record_dir` (the
 `${dali_train.hydra_record_dir:...}` resolver of conf/config.yaml), which sends that record apart,
 and the task refuses (`refuse_new_run_over_run`), so a sweep loses one job, not the run.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
+import logging
 import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import yaml
@@ -18,6 +23,8 @@ from hydra.core.hydra_config import HydraConfig
 
 from dali_train.distributed import read_launch_env
 from dali_train.errors import UserError
+
+log = logging.getLogger(__name__)
 
 
 def holds_a_run(run_dir: Path) -> bool:
@@ -81,8 +88,59 @@ def refuses_new_run(run_dir: Path, eval_only: bool, resume: str | None) -> bool:
     return resume is None or (resumes_another_run(run_dir, resume) and not continues_its_run(run_dir, resume))
 
 
+TRAINING_LOCK = ".training.lock"  # flock'd by rank 0 of the run training in the dir, while it runs
+
+
+def training_elsewhere(run_dir: Path) -> bool:
+    """Whether another process is training in run_dir: it holds the dir's lock (`training_lock`).
+    The kernel drops a flock when its process ends, SIGKILL included, so a crash leaves none."""
+    try:
+        with open(run_dir / TRAINING_LOCK, "rb") as probe:
+            fcntl.flock(probe, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:  # no lock file (no run has trained here), or a file system without flock: not known
+        return False
+    return False
+
+
+@contextlib.contextmanager
+def training_lock(run_dir: Path, eval_only: bool) -> Iterator[None]:
+    """Rank 0 of a training run holds run_dir's lock while it runs, so that a second training
+    launched into the dir (a chain's next job submitted before this one ended, the same command
+    twice) is refused (`check_new_run_dir`) instead of writing the same checkpoints and logs."""
+    if eval_only or read_launch_env().rank != 0:
+        yield
+        return
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        handle = open(run_dir / TRAINING_LOCK, "ab")  # noqa: SIM115 - held open for the run
+    except OSError as e:  # the run itself says what is wrong with the folder
+        log.info("no training lock in %s: %s", run_dir, e)
+        yield
+        return
+    with handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:  # taken since the check of the task's start
+            raise UserError(training_elsewhere_message(run_dir)) from None
+        except OSError as e:  # a file system without flock
+            log.info("no training lock in %s (%s): a second training there would not be refused", run_dir, e)
+        yield
+
+
+def training_elsewhere_message(run_dir: Path) -> str:
+    return (
+        f"{run_dir}: another process is training in this folder (it holds {TRAINING_LOCK}); wait for it to end, "
+        "or use another hydra.run.dir"
+    )
+
+
 def check_new_run_dir(run_dir: Path, eval_only: bool, resume: str | None) -> None:
-    """The UserError of `refuses_new_run`, from the task (a failed job in a sweep, not its end)."""
+    """The UserError of `refuses_new_run` or `training_elsewhere`, from the task (a failed job in a
+    sweep, not its end). The lock is rank 0's to check: another rank would see its own rank 0's."""
+    if not eval_only and read_launch_env().rank == 0 and training_elsewhere(run_dir):
+        raise UserError(training_elsewhere_message(run_dir))
     if refuses_new_run(run_dir, eval_only, resume):
         new_run = f"to start from trainer.resume={resume}" if resume else "for a new run"
         raise UserError(
@@ -100,7 +158,7 @@ def hydra_record_dir(eval_only: bool, output_dir: str, resume: str | None = None
     if read_launch_env().rank != 0:
         return None
     run_dir = Path(output_dir)
-    if refuses_new_run(run_dir, eval_only, resume):
+    if refuses_new_run(run_dir, eval_only, resume) or (not eval_only and training_elsewhere(run_dir)):
         return REFUSED_RECORD_DIR
     return EVAL_RECORD_DIR if eval_only and (holds_a_run(run_dir) or (run_dir / ".hydra").is_dir()) else ".hydra"
 

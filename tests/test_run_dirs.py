@@ -117,6 +117,44 @@ def test_an_evaluation_in_a_run_killed_in_its_first_epoch_leaves_its_config(tmp_
 
 
 
+HOLD_LOCK = """
+import fcntl, sys, time
+with open(sys.argv[1], "ab") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)  # as a training run's rank 0 holds it
+    print("held", flush=True)
+    sys.stdin.readline()
+"""
+
+
+def test_a_training_into_a_dir_where_another_process_trains_is_refused(tmp_path, capfd):
+    """Two trainings in one dir (a chain's next `trainer.resume=auto hydra.run.dir=DIR` job submitted
+    before the last one ended, the same command twice) both trained, writing the same checkpoints and
+    log files: one line now, while the other process holds the dir's lock; once it ends, the same
+    command resumes. An evaluation there is not refused."""
+    run = tmp_path / "run"
+    run_script("train.py", *TINY_SYNTHETIC, f"hydra.run.dir={run}", capfd=capfd)
+    lock = run / ".training.lock"
+    assert lock.is_file()  # the finished run's, no longer held
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(lock)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        files = [p for p in run.rglob("*") if p.is_file() and p.name != "train.log"]
+        kept = {p: p.read_bytes() for p in files}
+        resume = [*TINY_SYNTHETIC, f"hydra.run.dir={run}", "trainer.resume=auto", "trainer.epochs=2"]
+        again = run_script("train.py", *resume, capfd=capfd, check=False)
+        assert again.returncode == 2, again.stderr[-2000:]
+        assert again.stderr.strip().splitlines() == [
+            f"error: {run}: another process is training in this folder (it holds .training.lock); wait for it "
+            "to end, or use another hydra.run.dir"
+        ]
+        assert {p: p.read_bytes() for p in files} == kept and not (run / ".hydra-refused").exists()
+        run_script("train.py", *TINY_SYNTHETIC, f"hydra.run.dir={run}", "trainer.eval_only=true", "trainer.resume=auto", capfd=capfd)
+    finally:
+        holder.communicate("\n", timeout=30)
+    resumed = run_script("train.py", *resume, capfd=capfd)
+    assert resumed.returncode == 0 and read_json(run / "summary.json")["epochs"] == 2
+
+
 def test_a_new_run_in_a_runs_dir_is_refused_before_anything_is_written(tmp_path, capfd):
     """Without trainer.resume, or resuming another run's checkpoint, a second run in a run's dir (a
     rerun into the same folder, a SLURM requeue) overwrote its config record and checkpoints and
