@@ -91,7 +91,7 @@ class ProgressiveConfig:
 class DataConfig:
     name: str = MISSING  # preset name (sample, imagenet, imagenette, ...), for logs only
     root: str = MISSING  # folder with train/<class>/*.JPEG and val/<class>/*.JPEG
-    generate_sample: bool = False  # create the built-in sample dataset at root if it is absent
+    generate_sample: bool = False  # root is data=sample's folder (sample_cache_root): generated there when absent
     train_size: int = 224  # side of the train crop (or squish) fed to the model, px
     val_size: int = 224  # side of the center crop at validation, px
     val_resize: int = 256  # shorter side before the validation center crop, px

@@ -17,6 +17,7 @@ import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from typing import IO
 
 import yaml
 from hydra.core.hydra_config import HydraConfig
@@ -104,35 +105,54 @@ def training_elsewhere(run_dir: Path) -> bool:
     return False
 
 
+_held: IO[bytes] | None = None  # this process's open lock file while it trains
+
+
+def _drop_in_forked_child() -> None:
+    """A forked child (a loader worker, a process pool) shares the lock's open file: closing its
+    copy leaves the lock with the parent, so the lock ends with the training, not with its workers."""
+    global _held
+    if _held is not None:
+        _held.close()
+        _held = None
+
+
+os.register_at_fork(after_in_child=_drop_in_forked_child)
+
+
 @contextlib.contextmanager
 def training_lock(run_dir: Path, eval_only: bool) -> Iterator[None]:
     """Rank 0 of a training run holds run_dir's lock while it runs, so that a second training
     launched into the dir (a chain's next job submitted before this one ended, the same command
     twice) is refused (`check_new_run_dir`) instead of writing the same checkpoints and logs."""
-    if eval_only or read_launch_env().rank != 0:
-        yield
-        return
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        handle = open(run_dir / TRAINING_LOCK, "ab")  # noqa: SIM115 - held open for the run
-    except OSError as e:  # the run itself says what is wrong with the folder
-        log.info("no training lock in %s: %s", run_dir, e)
-        yield
-        return
-    with handle:
+    global _held
+    handle = None
+    if not eval_only and read_launch_env().rank == 0:
         try:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            handle = open(run_dir / TRAINING_LOCK, "ab")  # noqa: SIM115 - held open for the run
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:  # taken since the check of the task's start
+        except BlockingIOError:  # taken since the check at the task's start
+            handle.close()
             raise UserError(training_elsewhere_message(run_dir)) from None
-        except OSError as e:  # a file system without flock
+        except OSError as e:  # an unwritable folder (the run says so itself), a file system without flock
             log.info("no training lock in %s (%s): a second training there would not be refused", run_dir, e)
+            if handle is not None:
+                handle.close()
+            handle = None
+    _held = handle
+    try:
         yield
+    finally:
+        _held = None
+        if handle is not None:
+            handle.close()
 
 
 def training_elsewhere_message(run_dir: Path) -> str:
     return (
         f"{run_dir}: another process is training in this folder (it holds {TRAINING_LOCK}); wait for it to end, "
-        "or use another hydra.run.dir"
+        f"or use another hydra.run.dir (with none training there, as after a node crash on NFS: delete that file)"
     )
 
 

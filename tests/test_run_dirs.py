@@ -145,7 +145,8 @@ def test_a_training_into_a_dir_where_another_process_trains_is_refused(tmp_path,
         assert again.returncode == 2, again.stderr[-2000:]
         assert again.stderr.strip().splitlines() == [
             f"error: {run}: another process is training in this folder (it holds .training.lock); wait for it "
-            "to end, or use another hydra.run.dir"
+            "to end, or use another hydra.run.dir (with none training there, as after a node crash on NFS: delete "
+            "that file)"
         ]
         assert {p: p.read_bytes() for p in files} == kept and not (run / ".hydra-refused").exists()
         run_script("train.py", *TINY_SYNTHETIC, f"hydra.run.dir={run}", "trainer.eval_only=true", "trainer.resume=auto", capfd=capfd)
@@ -153,6 +154,35 @@ def test_a_training_into_a_dir_where_another_process_trains_is_refused(tmp_path,
         holder.communicate("\n", timeout=30)
     resumed = run_script("train.py", *resume, capfd=capfd)
     assert resumed.returncode == 0 and read_json(run / "summary.json")["epochs"] == 2
+
+
+def test_the_training_lock_ends_with_the_training_not_with_its_forked_workers(tmp_path):
+    """A forked child (a loader=pytorch worker, persistent by default; a decode pool) shares the lock's
+    open file: it held the lock after the training had ended, and a next training there was refused."""
+    import multiprocessing
+
+    from dali_train.run_dirs import training_elsewhere, training_lock
+
+    fork = multiprocessing.get_context("fork")
+    go = fork.Event()
+    with training_lock(tmp_path, eval_only=False):
+        worker = fork.Process(target=go.wait, args=(60,))
+        worker.start()
+        probe = subprocess.run([sys.executable, "-c", PROBE_LOCK, str(tmp_path)], capture_output=True, text=True, cwd=REPO)
+        assert probe.stdout.strip() == "True", probe.stderr  # held, for another process
+    try:
+        assert worker.is_alive() and not training_elsewhere(tmp_path)
+    finally:
+        go.set()
+        worker.join(30)
+
+
+PROBE_LOCK = """
+import sys
+from pathlib import Path
+from dali_train.run_dirs import training_elsewhere
+print(training_elsewhere(Path(sys.argv[1])))
+"""
 
 
 def test_a_new_run_in_a_runs_dir_is_refused_before_anything_is_written(tmp_path, capfd):

@@ -112,11 +112,11 @@ def prepare_sample_data(root: str, dist: DistInfo) -> None:
     data=imagenet, not a run on made-up images; a dataset there trains with a warning, as the
     preset's demo crops, batch and epochs apply to it."""
     own = sample_cache_root()
-    if os.path.abspath(root) != own:
+    if os.path.realpath(root) != os.path.realpath(own):  # real paths: a symlinked home names one folder two ways
         if not (Path(root) / "val").is_dir():
             raise DatasetError(
-                f"data.root={root}: no val/ folder there, and data=sample (the default preset) generates its demo "
-                f"set only in {own}; for a dataset of your own use data=imagenet data.root={root} (or data=imagenette)"
+                f"data.root={root}: no val/ folder there; the demo set (data=sample, the default preset) is generated "
+                f"only in {own}; for a dataset of your own use data=imagenet data.root={root} (or data=imagenette)"
             )
         if dist.is_main:
             log.warning(
