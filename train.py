@@ -56,7 +56,7 @@ from dali_train.engine import updates_per_epoch
 from dali_train.errors import UserError, print_error
 from dali_train.fit import Fit
 from dali_train.logs import MetricsWriter, setup_logging
-from dali_train.model_inputs import check_input_sides, run_input_sides
+from dali_train.model_inputs import check_input_sides, check_largest_crop_fits, run_input_sides
 from dali_train.parts import build_train_parts
 from dali_train.resume_fit import check_evaluated_classes
 from dali_train.run_dirs import continues_its_run, evaluates_a_run, refuse_new_run_over_run, training_lock
@@ -202,6 +202,11 @@ def train(cfg: DictConfig, dist: DistInfo, run_dir: Path, writer: MetricsWriter,
         log.warning("torchrun restart %d with trainer.resume=%s: training starts over", restart_count(), tc.resume)
     elif tc.resume == "auto" and not tc.eval_only:  # a first job, or a rerun that missed its run's dir
         log.info("trainer.resume=auto: no %s yet, so training starts at epoch 0", checkpointer.path("last.pt"))
+    if not tc.eval_only and c.loader.name != "synthetic":  # after the restore: its optimizer state takes memory too
+        check_largest_crop_fits(
+            parts, c.model.name, c.data, epochs=tc.epochs, start_epoch=start_epoch, batch_size=c.loader.batch_size,
+            channels_last=tc.channels_last, compiled=tc.compile,
+        )  # fmt: skip
     if not tc.eval_only:  # an evaluation in the training run's dir leaves its logs alone
         writer.drop_after(start_epoch, parts.global_step, start_step)  # rows logged after the checkpoint: redone now
         if resume and state.wall_time_s is not None:

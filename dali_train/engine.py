@@ -74,7 +74,7 @@ def updates_per_epoch(loader_steps: int, max_steps: int | None, grad_accum_steps
     return max(math.ceil(steps / grad_accum_steps), 1)
 
 
-def _autocast(parts: TrainParts):
+def autocast_for(parts: TrainParts):
     if parts.amp_dtype is None:
         return contextlib.nullcontext()
     return torch.autocast(parts.device.type, dtype=parts.amp_dtype)
@@ -150,7 +150,7 @@ def forward_backward(
     # No all-reduce on accumulating micro-steps: gradients sum locally until the update.
     sync = contextlib.nullcontext() if (update or not is_ddp) else p.model.no_sync()
     with sync:
-        with _autocast(p):
+        with autocast_for(p):
             loss = p.loss_fn(p.model(images), targets)
         window = p.grad_accum_steps if window is None else window
         scaled = loss / window if window > 1 else loss  # no divide-by-1 kernel pair

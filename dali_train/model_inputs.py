@@ -1,18 +1,24 @@
-"""The image sides a run feeds its model, checked at startup against a model that takes one side
-only: timm's ViT, DeiT, Swin, Mixer and kin assert it at their first forward, which for
-validation's side came after the first epoch's training (a crash that lost it), and for progressive
-resizing's sides epochs later."""
+"""The image sides a run feeds its model, checked at startup: against a model that takes one side
+only (timm's ViT, DeiT, Swin, Mixer and kin assert it at their first forward, which for
+validation's side came after the first epoch's training, a crash that lost it, and for progressive
+resizing's sides epochs later), and progressive resizing's largest crop against the GPU's memory
+(which the first step, at the ramp's smaller start, does not try)."""
 
 from __future__ import annotations
 
 import inspect
+import logging
 
 import torch
 from timm.utils import unwrap_model
 
 from dali_train.config import DataConfig
 from dali_train.data import progressive_size
+from dali_train.distributed import all_reduce_max
+from dali_train.engine import TrainParts, autocast_for
 from dali_train.models import ModelError
+
+log = logging.getLogger(__name__)
 
 
 def fixed_input_side(model: torch.nn.Module) -> tuple[int, int] | None:
@@ -53,3 +59,69 @@ def check_input_sides(model: torch.nn.Module, model_name: str, sides: dict[str, 
             f"model.name={model_name} takes {fixed[0]}x{fixed[1]} px images only, not {what}: set them to "
             f"{fixed[0]}, or build the model for them ({build})"
         )
+
+
+def check_largest_crop_fits(
+    parts: TrainParts, model_name: str, data: DataConfig, *, epochs: int, start_epoch: int, batch_size: int,
+    channels_last: bool, compiled: bool,
+) -> None:
+    """Progressive resizing grows the train crop over the epochs: a batch that fits at the first
+    epoch's side can run out of GPU memory at a later one's, hours in. One forward and backward of
+    the bare model at the run's largest side from `start_epoch` on, now, makes that one line at
+    startup (a ModelError; every rank stops). It leaves no trace: BatchNorm statistics, gradients,
+    RNG streams and the train/eval mode are put back, the memory it took is given back. Without
+    progressive resizing the first step is that check. A compiled model can fit where its eager
+    self (what this tries) does not: for one, a warning instead."""
+    if not data.progressive.enabled:
+        return
+    size_at = progressive_size(data)
+    sides = [size_at(epoch) for epoch in range(start_epoch, epochs)]
+    if not sides or max(sides) <= sides[0]:
+        return  # the next step trains at the largest side anyway
+    side = max(sides)
+    epoch = start_epoch + sides.index(side)
+    ran_out = _runs_out_of_memory(parts, batch_size, side, channels_last)
+    if not all_reduce_max(float(ran_out), parts.dist):  # a CPU collective: every rank learns of one that ran out
+        return
+    where = "on some rank's GPU" if parts.dist.enabled else "in the GPU's memory"
+    message = (
+        f"data.progressive: a training step of model {model_name} at the ramp's largest side, {side}x{side} px "
+        f"(epoch {epoch}), with loader.batch_size={batch_size} per GPU does not fit {where}; lower loader.batch_size "
+        f"(raise trainer.grad_accum_steps to keep the global batch) or data.progressive.end_size"
+    )
+    if compiled:
+        log.warning("%s (tried on the eager model: the compiled one may fit; if not, epoch %d ends the run)", message, epoch)
+        return
+    raise ModelError(message)
+
+
+def _runs_out_of_memory(parts: TrainParts, batch_size: int, side: int, channels_last: bool) -> bool:
+    """One forward and backward of the bare model (no DDP hooks, no compiled graph for this shape) on
+    a batch of `side` px, the run's autocast on; whether it ran out of memory. Side-effect free."""
+    model = unwrap_model(parts.model)
+    was_training = model.training
+    buffers = [(b, b.detach().clone()) for b in model.buffers()]  # BatchNorm's running stats would learn noise
+    devices = [parts.device] if parts.device.type == "cuda" else []
+    ran_out = False
+    with torch.random.fork_rng(devices=devices):  # dropout and drop-path draws leave the run's streams alone
+        try:
+            images = torch.randn(batch_size, 3, side, side, device=parts.device)
+            if channels_last and parts.device.type == "cuda":
+                images = images.contiguous(memory_format=torch.channels_last)
+            model.train()
+            with autocast_for(parts):
+                logits = model(images)
+            logits.float().mean().backward()
+        except torch.cuda.OutOfMemoryError:
+            ran_out = True  # the flag, not the exception: its traceback would keep the batch's memory
+        finally:
+            images = logits = None
+            model.train(was_training)
+            for p in model.parameters():
+                p.grad = None
+            with torch.no_grad():
+                for live, saved in buffers:
+                    live.copy_(saved)
+    if parts.device.type == "cuda":
+        torch.cuda.empty_cache()  # the probe's blocks go back to the driver: DALI allocates outside torch's cache
+    return ran_out

@@ -1,15 +1,22 @@
 """dali_train.model_inputs: a model that takes one image side only is checked against every side the
-run will feed it, at startup, not at its first validation or progressive-resize epoch."""
+run will feed it, and progressive resizing's largest crop against the GPU's memory, at startup, not
+at the first validation or progressive-resize epoch."""
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import timm
+import torch
 
 from dali_train.config import DataConfig, ProgressiveConfig
-from dali_train.model_inputs import check_input_sides, fixed_input_side, run_input_sides
+from dali_train.distributed import DistInfo
+from dali_train.engine import TrainParts
+from dali_train.model_inputs import check_input_sides, check_largest_crop_fits, fixed_input_side, run_input_sides
 from dali_train.models import ModelError
 from tests.conftest import TINY, exit_code, read_json, run_inprocess
+from tests.helpers import oom_model
 
 
 def test_the_sides_a_run_feeds_include_every_progressive_step():
@@ -48,3 +55,76 @@ def test_a_run_that_would_validate_a_vit_off_its_side_stops_before_training(smal
     assert exit_code(ended) == 2 and "\n" not in str(ended), ended  # main's one `error:` line
     assert "model.name=vit_tiny_patch16_224 takes 224x224 px images only, not data.val_size=256" in str(ended)
     assert read_json(run / "summary.json").get("epochs_completed", 0) == 0 and not (run / "checkpoints").exists()
+
+
+def _parts(model: torch.nn.Module) -> TrainParts:
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    return TrainParts(model, optimizer, None, torch.nn.functional.cross_entropy, torch.device("cpu"), DistInfo(0, 0, 1))
+
+
+RAMP_32_TO_48 = ProgressiveConfig(enabled=True, start_size=32, end_size=48, start_epoch=0, end_epoch=2, step=8)
+
+
+def test_the_largest_crop_check_trains_nothing():
+    """One forward and backward at the ramp's largest side, and no trace of it: BatchNorm statistics,
+    gradients, RNG stream and eval mode as before, the weights untouched."""
+    model = timm.create_model("test_resnet", num_classes=10, drop_rate=0.5).eval()
+    seen = []
+    model.register_forward_pre_hook(lambda module, args: seen.append((tuple(args[0].shape), module.training)))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    rng = torch.get_rng_state()
+    data = DataConfig(name="x", root="/x", progressive=RAMP_32_TO_48)
+    check_largest_crop_fits(_parts(model), "test_resnet", data, epochs=4, start_epoch=0, batch_size=4,
+                            channels_last=False, compiled=False)  # fmt: skip
+    assert seen == [((4, 3, 48, 48), True)]  # it ran, in train mode, at the largest side
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert all(p.grad is None for p in model.parameters()) and not model.training
+    assert torch.equal(torch.get_rng_state(), rng)
+    seen.clear()  # resumed past the ramp's growth, or without a ramp: the next step is the check
+    check_largest_crop_fits(_parts(model), "test_resnet", data, epochs=4, start_epoch=2, batch_size=4,
+                            channels_last=False, compiled=False)  # fmt: skip
+    check_largest_crop_fits(_parts(model), "test_resnet", DataConfig(name="x", root="/x"), epochs=4, start_epoch=0,
+                            batch_size=4, channels_last=False, compiled=False)  # fmt: skip
+    assert seen == []
+
+
+def test_a_compiled_model_whose_eager_self_runs_out_at_the_largest_crop_gets_a_warning(caplog):
+    """Compiling saves activation memory: its eager self running out is no proof, so no refusal."""
+    model = timm.create_model(oom_model.ABOVE_40PX_NAME, num_classes=10)
+    data = DataConfig(name="x", root="/x", progressive=RAMP_32_TO_48)
+    with caplog.at_level(logging.WARNING, logger="dali_train.model_inputs"):
+        check_largest_crop_fits(_parts(model), "m", data, epochs=4, start_epoch=0, batch_size=4,
+                                channels_last=False, compiled=True)  # fmt: skip
+    assert len(caplog.messages) == 1 and "48x48 px (epoch 2)" in caplog.messages[0], caplog.messages
+    assert "compiled one may fit" in caplog.messages[0]
+
+
+def test_a_ramp_whose_largest_crop_runs_out_of_memory_stops_at_startup(small_root, tmp_path):
+    """The first epochs' 32 px fit and the ramp's 48 px would not: one line before any training,
+    not an out-of-memory error at epoch 2 (a real one needs a GPU: the model raises torch's)."""
+    run = tmp_path / "run"
+    ramp = ["data.progressive.enabled=true", "data.progressive.start_size=32", "data.progressive.end_size=48",
+            "data.progressive.step=8", "data.progressive.end_epoch=2", "trainer.epochs=3"]  # fmt: skip
+    args = [*TINY, f"data.root={small_root}", f"model.name={oom_model.ABOVE_40PX_NAME}", *ramp]
+    ended = run_inprocess(args, run, check=False).ended
+    assert exit_code(ended) == 2 and "\n" not in str(ended), ended
+    for text in ("data.progressive", "48x48 px (epoch 2)", "loader.batch_size=16", "data.progressive.end_size"):
+        assert text in str(ended), ended
+    assert read_json(run / "summary.json").get("epochs_completed", 0) == 0 and not list(run.glob("**/*.pt"))
+    # a ramp that stays within what fits trains
+    fits = run_inprocess([*args, "data.progressive.end_size=40", "trainer.max_steps_per_epoch=2"], tmp_path / "fits")
+    assert fits.summary["end_state"] == "completed", fits.summary
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_ramp_to_a_crop_past_the_gpus_memory_stops_at_startup_on_the_gpu(small_root, tmp_path):
+    """A real out-of-memory error: ResNet-50, 256 images of 2048 px (the first epoch's 32 px fit)."""
+    gpu = [o.replace("trainer.device=cpu", "trainer.device=cuda") for o in TINY] + ["trainer.amp=bf16"]
+    ramp = ["data.progressive.enabled=true", "data.progressive.start_size=32", "data.progressive.step=32",
+            "data.progressive.end_epoch=1", "trainer.epochs=2", "loader=dali", f"data.root={small_root}"]  # fmt: skip
+    args = [*gpu, *ramp, "model.name=resnet50", "loader.batch_size=256", "data.progressive.end_size=2048"]
+    ended = run_inprocess(args, tmp_path / "run", check=False).ended
+    assert exit_code(ended) == 2 and "2048x2048 px (epoch 1)" in str(ended), ended
+    fits = run_inprocess([*gpu, *ramp, "data.progressive.end_size=64", "trainer.max_steps_per_epoch=3"], tmp_path / "fits")
+    assert fits.summary["end_state"] == "completed", fits.summary

@@ -40,3 +40,25 @@ class _OutOfMemoryInEvalNet(torch.nn.Module):
 @register_model
 def test_out_of_memory_in_eval_net(pretrained: bool = False, **kwargs) -> torch.nn.Module:
     return _OutOfMemoryInEvalNet(num_classes=kwargs.get("num_classes", 1000))
+
+
+ABOVE_40PX_NAME = "test_out_of_memory_above_40px_net"
+
+
+class _OutOfMemoryAbove40pxNet(torch.nn.Module):
+    """Trains on images up to 40 px; a larger training batch runs out of memory, as a progressive
+    ramp's last crop can where its first fits."""
+
+    def __init__(self, num_classes: int = 1000) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(3, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training and x.shape[-1] > 40:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return self.fc(x.float().mean((2, 3)))
+
+
+@register_model
+def test_out_of_memory_above_40px_net(pretrained: bool = False, **kwargs) -> torch.nn.Module:
+    return _OutOfMemoryAbove40pxNet(num_classes=kwargs.get("num_classes", 1000))
