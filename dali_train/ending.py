@@ -21,7 +21,7 @@ import torch
 
 from dali_train.data import DatasetError
 from dali_train.divergence import Diverged
-from dali_train.errors import UserError
+from dali_train.errors import OutOfMemory, UserError
 
 EXIT_USER = 2  # one line on stderr starting with `error:`; also Hydra's composition errors
 
@@ -112,6 +112,8 @@ def ending_for(e: BaseException, shape: RunShape, dist_timeout_s: float, *, trai
             else None
         )
         return Ending("out of memory", EXIT_USER, oom_message(shape, gpu))
+    if isinstance(e, OutOfMemory):  # foreseen at startup: its own message names the keys
+        return Ending("out of memory", EXIT_USER, str(e))
     if isinstance(e, DatasetError) and training:
         return Ending("bad file", EXIT_USER, str(e))
     if isinstance(e, UserError):

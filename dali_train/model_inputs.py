@@ -8,14 +8,17 @@ from __future__ import annotations
 
 import inspect
 import logging
+import types
 
 import torch
 from timm.utils import unwrap_model
+from torch.nn.modules.batchnorm import _BatchNorm
 
 from dali_train.config import DataConfig
 from dali_train.data import progressive_size
 from dali_train.distributed import all_reduce_max
 from dali_train.engine import TrainParts, autocast_for
+from dali_train.errors import OutOfMemory
 from dali_train.models import ModelError
 
 log = logging.getLogger(__name__)
@@ -68,10 +71,12 @@ def check_largest_crop_fits(
     """Progressive resizing grows the train crop over the epochs: a batch that fits at the first
     epoch's side can run out of GPU memory at a later one's, hours in. One forward and backward of
     the bare model at the run's largest side from `start_epoch` on, now, makes that one line at
-    startup (a ModelError; every rank stops). It leaves no trace: BatchNorm statistics, gradients,
-    RNG streams and the train/eval mode are put back, the memory it took is given back. Without
-    progressive resizing the first step is that check. A compiled model can fit where its eager
-    self (what this tries) does not: for one, a warning instead."""
+    startup (an OutOfMemory error; every rank stops). The optimizer's state is counted (restored, or
+    held as two fp32 copies of the parameters before the first step makes it, Adam's size); DALI's
+    own buffers, made once training starts, are not. It leaves no trace: BatchNorm statistics,
+    gradients, RNG streams, the train/eval mode and the peak-memory statistic are put back, the
+    memory it took is given back. Without progressive resizing the first step is that check. A
+    compiled model can fit where its eager self (what this tries) does not: for one, a warning."""
     if not data.progressive.enabled:
         return
     size_at = progressive_size(data)
@@ -92,21 +97,31 @@ def check_largest_crop_fits(
     if compiled:
         log.warning("%s (tried on the eager model: the compiled one may fit; if not, epoch %d ends the run)", message, epoch)
         return
-    raise ModelError(message)
+    raise OutOfMemory(message)
 
 
 def _runs_out_of_memory(parts: TrainParts, batch_size: int, side: int, channels_last: bool) -> bool:
     """One forward and backward of the bare model (no DDP hooks, no compiled graph for this shape) on
-    a batch of `side` px, the run's autocast on; whether it ran out of memory. Side-effect free."""
+    a batch of `side` px as the loader gives it, the run's autocast on; whether it ran out of memory.
+    Runs on CPU too (the tests), where torch raises no such error."""
     model = unwrap_model(parts.model)
     was_training = model.training
     buffers = [(b, b.detach().clone()) for b in model.buffers()]  # BatchNorm's running stats would learn noise
-    devices = [parts.device] if parts.device.type == "cuda" else []
+    # SyncBatchNorm syncs in every training forward: a rank that ran out of memory in the middle
+    # would leave the others in an NCCL collective until the timeout. Plain BatchNorm's, here.
+    synced = [m for m in model.modules() if isinstance(m, torch.nn.SyncBatchNorm)]
+    for m in synced:
+        m.forward = types.MethodType(_BatchNorm.forward, m)
+    cuda = parts.device.type == "cuda"
     ran_out = False
-    with torch.random.fork_rng(devices=devices):  # dropout and drop-path draws leave the run's streams alone
+    held = []  # the optimizer's state before the first step makes it: its size (fp32 m and v, as Adam's)
+    with torch.random.fork_rng(devices=[parts.device] if cuda else []):  # dropout draws leave the run's streams alone
         try:
-            images = torch.randn(batch_size, 3, side, side, device=parts.device)
-            if channels_last and parts.device.type == "cuda":
+            if not parts.optimizer.state:
+                held.append(torch.empty(2 * sum(p.numel() for p in model.parameters()), device=parts.device))
+            dtype = torch.float16 if parts.amp_dtype is not None else torch.float32  # the loader's (data.build_loaders)
+            images = torch.randn(batch_size, 3, side, side, device=parts.device, dtype=dtype)
+            if channels_last and cuda:
                 images = images.contiguous(memory_format=torch.channels_last)
             model.train()
             with autocast_for(parts):
@@ -115,13 +130,17 @@ def _runs_out_of_memory(parts: TrainParts, batch_size: int, side: int, channels_
         except torch.cuda.OutOfMemoryError:
             ran_out = True  # the flag, not the exception: its traceback would keep the batch's memory
         finally:
+            held.clear()
             images = logits = None
+            for m in synced:
+                del m.forward
             model.train(was_training)
             for p in model.parameters():
                 p.grad = None
             with torch.no_grad():
                 for live, saved in buffers:
                     live.copy_(saved)
-    if parts.device.type == "cuda":
+    if cuda:
         torch.cuda.empty_cache()  # the probe's blocks go back to the driver: DALI allocates outside torch's cache
+        torch.cuda.reset_peak_memory_stats(parts.device)  # the logged perf/gpu_mem_gib is the training's peak
     return ran_out

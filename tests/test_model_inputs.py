@@ -4,7 +4,11 @@ at the first validation or progressive-resize epoch."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import multiprocessing
+import os
+import socket
 
 import pytest
 import timm
@@ -13,6 +17,7 @@ import torch
 from dali_train.config import DataConfig, ProgressiveConfig
 from dali_train.distributed import DistInfo
 from dali_train.engine import TrainParts
+from dali_train.errors import OutOfMemory
 from dali_train.model_inputs import check_input_sides, check_largest_crop_fits, fixed_input_side, run_input_sides
 from dali_train.models import ModelError
 from tests.conftest import TINY, exit_code, read_json, run_inprocess
@@ -80,6 +85,10 @@ def test_the_largest_crop_check_trains_nothing():
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     assert all(p.grad is None for p in model.parameters()) and not model.training
     assert torch.equal(torch.get_rng_state(), rng)
+    synced = torch.nn.SyncBatchNorm.convert_sync_batchnorm(timm.create_model("test_resnet", num_classes=10))
+    check_largest_crop_fits(_parts(synced), "test_resnet", data, epochs=4, start_epoch=0, batch_size=4,
+                            channels_last=False, compiled=False)  # fmt: skip
+    assert all("forward" not in m.__dict__ for m in synced.modules())  # SyncBatchNorm's own forward is back
     seen.clear()  # resumed past the ramp's growth, or without a ramp: the next step is the check
     check_largest_crop_fits(_parts(model), "test_resnet", data, epochs=4, start_epoch=2, batch_size=4,
                             channels_last=False, compiled=False)  # fmt: skip
@@ -110,10 +119,46 @@ def test_a_ramp_whose_largest_crop_runs_out_of_memory_stops_at_startup(small_roo
     assert exit_code(ended) == 2 and "\n" not in str(ended), ended
     for text in ("data.progressive", "48x48 px (epoch 2)", "loader.batch_size=16", "data.progressive.end_size"):
         assert text in str(ended), ended
-    assert read_json(run / "summary.json").get("epochs_completed", 0) == 0 and not list(run.glob("**/*.pt"))
+    summary = read_json(run / "summary.json")
+    assert summary["end_state"] == "out of memory" and summary.get("epochs_completed", 0) == 0, summary
+    assert not list(run.glob("**/*.pt"))
     # a ramp that stays within what fits trains
     fits = run_inprocess([*args, "data.progressive.end_size=40", "trainer.max_steps_per_epoch=2"], tmp_path / "fits")
     assert fits.summary["end_state"] == "completed", fits.summary
+
+
+def _check_on_rank(rank: int, port: int, results) -> None:
+    """Rank 1's model runs out of memory at 48 px, rank 0's fits; both run the check in one gloo group."""
+    os.environ |= {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    torch.distributed.init_process_group("gloo", rank=rank, world_size=2)
+    name = oom_model.ABOVE_40PX_NAME if rank == 1 else "test_resnet"
+    data = DataConfig(name="x", root="/x", progressive=RAMP_32_TO_48)
+    parts = dataclasses.replace(_parts(timm.create_model(name, num_classes=10)), dist=DistInfo(rank, rank, 2))
+    try:
+        check_largest_crop_fits(parts, name, data, epochs=4, start_epoch=0, batch_size=4, channels_last=False,
+                                compiled=False)  # fmt: skip
+        results.put((rank, "fits"))
+    except OutOfMemory as e:
+        results.put((rank, str(e)))
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def test_one_rank_running_out_at_the_largest_crop_stops_every_rank():
+    """Two real processes in a gloo group: rank 0 fits, rank 1 does not; both stop at startup
+    (rank 0 going on would wait in its first collective for a rank that had ended)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    spawn = multiprocessing.get_context("spawn")
+    results = spawn.Queue()
+    ranks = [spawn.Process(target=_check_on_rank, args=(rank, port, results)) for rank in (0, 1)]
+    for p in ranks:
+        p.start()
+    outcomes = dict(results.get(timeout=120) for _ in ranks)
+    for p in ranks:
+        p.join(timeout=60)
+    assert sorted(outcomes) == [0, 1] and all("48x48 px (epoch 2)" in o for o in outcomes.values()), outcomes
 
 
 @pytest.mark.gpu
