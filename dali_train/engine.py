@@ -216,7 +216,8 @@ def train_one_epoch(
         samples, window_samples = samples + labels.shape[0], window_samples + labels.shape[0]
         tick = time.perf_counter()
         last = step == total
-        if step % ctl.log_every == 0 or last:
+        batch = start_step + step  # the epoch's: log rows fall on the batches an uninterrupted run logs
+        if batch % ctl.log_every == 0 or last:
             # Host sync point: the loss value, the agreed stop flag, and the window timings.
             if not skipping:
                 check_losses()
@@ -230,7 +231,7 @@ def train_one_epoch(
             }
             if p.device.type == "cuda":
                 values["perf/gpu_mem_gib"] = torch.cuda.max_memory_allocated(p.device) / 2**30
-            ctl.writer.step(values, p.global_step, epoch, batch=start_step + step)
+            ctl.writer.step(values, p.global_step, epoch, batch=batch)
             progress.update(
                 step,
                 loss=values["train/loss"],
@@ -241,7 +242,7 @@ def train_one_epoch(
             window_start, window_data, window_samples = tick, 0.0, 0
         # Ranks agree on a stop at the update whose window holds a log step (with accumulation, an
         # update's last micro-step is rarely a multiple of log_every itself).
-        at_log_step = (step - window) // ctl.log_every != step // ctl.log_every
+        at_log_step = (batch - window) // ctl.log_every != batch // ctl.log_every
         if update and not last and ctl.stop.requested(p.dist, p.device, sync_point=at_log_step):
             interrupted = True
         if interrupted or last:

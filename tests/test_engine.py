@@ -5,6 +5,7 @@ accumulation windows, max_steps with a resume, mid-epoch checkpoint positions
 from __future__ import annotations
 
 import copy
+import json
 import signal
 import time
 
@@ -90,6 +91,17 @@ def test_max_steps_caps_the_whole_epoch_when_it_resumes_mid_epoch(tmp_path):
     ctl = LoopControl(MetricsWriter(tmp_path, False), log_every=100, max_steps=5)
     stats = train_one_epoch(parts, left, ctl, epoch=0, start_step=2)
     assert stats.steps == 3 and parts.global_step == 3
+
+
+def test_a_resumed_epoch_logs_on_the_batches_an_uninterrupted_one_logs(tmp_path):
+    """log_every 4, resumed at batch 3: rows at batches 4 and 8 and the epoch's last, 12, as the
+    uninterrupted epoch's (they fell on 7 and 11, the interval counted from the resume)."""
+    parts = parts_for(torch.nn.Linear(8, 3))
+    ctl = LoopControl(MetricsWriter(tmp_path, True), log_every=4)
+    train_one_epoch(parts, batches(12)[3:], ctl, epoch=0, start_step=3)
+    ctl.writer.close()
+    rows = [json.loads(line) for line in (tmp_path / "steps.jsonl").read_text().splitlines()]
+    assert [r["batch"] for r in rows] == [4, 8, 12] and [r["step"] for r in rows] == [1, 5, 9]
 
 
 def test_under_ddp_a_signal_stops_at_the_update_whose_window_holds_a_log_step(tmp_path):
