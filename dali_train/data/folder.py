@@ -58,17 +58,47 @@ class Split:
         return Split(self.root, [f for f, _ in keep], [lab for _, lab in keep], self.excluded + bad_here)
 
 
-def list_classes(split_dir: Path) -> list[str]:
-    """Sorted class-folder names of a split; a `DatasetError` when there are none."""
+def list_classes(split_dir: Path, *, warn: bool = True) -> list[str]:
+    """Sorted class-folder names of a split; a `DatasetError` when there are none, or when a class
+    folder is a symlink to nothing (a disk not mounted here): skipped, its class would be missing
+    and every later class's label shifted. Image files beside the class folders are not read: a
+    warning counts them (a half-sorted val/ was scored on its sorted part without a word), unless
+    not `warn` (a second listing of the split)."""
     if not split_dir.is_dir():
         raise DatasetError(f"{split_dir}: not a folder; data.root must hold train/<class>/ and val/<class>/")
+    classes, loose, broken = [], [], []
     try:
-        classes = sorted(e.name for e in os.scandir(split_dir) if e.is_dir() and not e.name.startswith("."))
+        for e in os.scandir(split_dir):
+            if e.name.startswith("."):
+                continue
+            if e.is_dir():
+                classes.append(e.name)
+            elif e.is_symlink() and not os.path.exists(e.path):
+                broken.append(e.path)
+            elif e.name.lower().endswith(IMAGE_EXTENSIONS):
+                loose.append(e.name)
     except OSError as e:  # unreadable, or a link loop among the class folders
         raise DatasetError(f"{e.filename or split_dir}: {e.strerror}") from None
+    if broken:
+        raise DatasetError(
+            f"{sorted(broken)[0]}: a symlink to a missing folder{f' (and {len(broken) - 1} more)' if len(broken) > 1 else ''}"
+            f"; its class would be left out and the labels of the classes after it shifted: mount or fix it"
+        )
     if not classes:
         raise DatasetError(f"{split_dir}: no class folders; expected {split_dir}/<class>/<image>.JPEG")
-    return classes
+    if loose and warn:
+        log.warning(
+            "%d image file(s) directly in %s are not read, only %s/<class>/ (e.g. %s): sort them into their class folders",
+            len(loose), split_dir, split_dir, sorted(loose)[0],
+        )  # fmt: skip
+    return sorted(classes)
+
+
+def _is_dir(entry: os.DirEntry) -> bool:
+    try:
+        return entry.is_dir()
+    except OSError:  # a symlink loop
+        return False
 
 
 def list_images(class_dir: Path) -> tuple[list[str], list[str]]:
@@ -80,6 +110,10 @@ def list_images(class_dir: Path) -> tuple[list[str], list[str]]:
         entries = list(os.scandir(class_dir))
     except OSError as e:
         raise DatasetError(f"{class_dir}: {e.strerror}") from None
+    nested = sorted(e.name for e in entries if not e.name.startswith(".") and _is_dir(e))
+    if nested:  # torchvision's ImageFolder reads them; a folder of ours would be dropped unseen
+        log.warning("%s: %d subfolder(s) not read (%s): images are read from <split>/<class>/ only",
+                    class_dir, len(nested), ", ".join(nested[:3]))  # fmt: skip
     for e in entries:
         if e.name.startswith(".") or not e.name.lower().endswith(IMAGE_EXTENSIONS):
             continue
@@ -130,6 +164,10 @@ def scan_split(
         raise DatasetError(
             f"{split_dir}: class folder(s) {unknown[:3]} not in {root / 'train'}; splits must share classes"
         )
+    absent = [c for c in class_names if c not in set(classes)]
+    if absent:  # allowed (a val set of some classes), but its accuracy is over those only
+        log.warning("%s has no folder for %d of the %d classes (%s): they are not in its figures",
+                    split_dir, len(absent), len(class_names), ", ".join(absent[:3]) + (", ..." if len(absent) > 3 else ""))  # fmt: skip
     index = {c: i for i, c in enumerate(class_names)}
     files, labels, excluded, dangling = [], [], [], []
     for c in classes:
@@ -180,7 +218,7 @@ def scan_dataset(root: str, *, exclude_list: str | None = None, verify: bool = T
         raise DatasetError(f"data.root={root}: the folder is empty; expected train/<class>/ and val/<class>/")
     entries = read_exclude_list(exclude_list, path) if exclude_list else {}
     exclude = frozenset(m for meanings in entries.values() for m in meanings)
-    classes = list_classes(path / "train")
+    classes = list_classes(path / "train", warn=False)  # scan_split lists it again, and warns
     train = scan_split(path, "train", classes, exclude=exclude, verify=verify)
     val = scan_split(path, "val", classes, exclude=exclude, verify=verify)
     listed = {os.path.relpath(f, path) for f, why in train.excluded + val.excluded if why == EXCLUDED_BY_LIST}

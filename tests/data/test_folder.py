@@ -64,13 +64,44 @@ def test_classes_are_sorted_folder_names_shared_by_both_splits(tmp_path):
     assert [Path(f).parent.name for f in ds.val.files] == [ds.classes[i] for i in ds.val.labels]
 
 
-def test_val_may_lack_a_class_but_keeps_train_indices(tmp_path):
+def test_val_may_lack_a_class_but_keeps_train_indices_and_says_so(tmp_path, caplog):
     root = make_tree(tmp_path / "ds", classes=("a", "b", "c"))
     for f in (root / "val" / "a").iterdir():
         f.unlink()
     (root / "val" / "a").rmdir()
-    ds = scan_dataset(str(root))
+    with caplog.at_level(logging.WARNING, logger="dali_train.data.folder"):
+        ds = scan_dataset(str(root))
     assert set(ds.val.labels) == {1, 2}
+    assert caplog.messages == [f"{root / 'val'} has no folder for 1 of the 3 classes (a): they are not in its figures"]
+
+
+def test_a_class_folder_linked_to_a_missing_folder_is_one_line(tmp_path):
+    """A per-class link farm onto a disk not mounted here: the class was skipped unseen and the
+    labels of the classes after it shifted (a 9-class model of a 10-class set, `completed`)."""
+    root = make_tree(tmp_path / "ds", classes=("a", "c"))
+    (root / "train" / "b").symlink_to(tmp_path / "unmounted" / "b")
+    with pytest.raises(DatasetError) as err:
+        scan_dataset(str(root))
+    assert str(err.value).startswith(f"{root / 'train' / 'b'}: a symlink to a missing folder")
+    assert "\n" not in str(err.value)
+
+
+def test_images_outside_the_class_folders_are_counted_in_a_warning(tmp_path, caplog):
+    """A half-sorted val/ (an interrupted sort) was scored on its sorted part; a class's subfolder
+    (which torchvision's ImageFolder reads) was dropped: both unread, both said."""
+    root = make_tree(tmp_path / "ds")
+    for i in range(2):
+        shutil.copy(root / "val" / "a" / "ok0.JPEG", root / "val" / f"ILSVRC2012_val_{i}.JPEG")
+    (root / "train" / "b" / "more").mkdir()
+    shutil.copy(root / "train" / "b" / "ok0.JPEG", root / "train" / "b" / "more" / "x.JPEG")
+    with caplog.at_level(logging.WARNING, logger="dali_train.data.folder"):
+        ds = scan_dataset(str(root))
+    assert len(ds.val.files) == 6 and len(ds.train.files) == 6
+    assert caplog.messages == [
+        f"{root / 'train' / 'b'}: 1 subfolder(s) not read (more): images are read from <split>/<class>/ only",
+        f"2 image file(s) directly in {root / 'val'} are not read, only {root / 'val'}/<class>/ "
+        "(e.g. ILSVRC2012_val_0.JPEG): sort them into their class folders",
+    ]
 
 
 def test_bad_files_are_skipped_with_their_reason_and_the_rest_decodes(bad_tree, caplog):
