@@ -78,15 +78,56 @@ def continues_its_run(run_dir: Path, resume: str | None) -> bool:
     )
 
 
-def refuses_new_run(run_dir: Path, eval_only: bool, resume: str | None) -> bool:
-    """A new training run in a dir that holds a run: no trainer.resume, or another run's checkpoint
-    (unless it `continues_its_run`). It would overwrite that run's config record and checkpoints and
-    mix its log rows with the new run's (a rerun into the same folder, a SLURM requeue or a torchrun
-    restart without resume=auto, trainer.resume=OTHER_RUN/checkpoints/last.pt). Files no rank writes
-    before all have joined."""
+def _epoch_rows(run_dir: Path) -> int:
+    try:
+        return sum(1 for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip())
+    except OSError:
+        return 0
+
+
+def refusal(run_dir: Path, eval_only: bool, resume: str | None) -> str | None:
+    """Why a training may not start in run_dir (None: it may). Refused, in a dir that holds a run:
+    - a new run: no trainer.resume, or another run's checkpoint other than the one the dir's run
+      started from (unless it `continues_its_run`); it would overwrite that run's config record and
+      checkpoints and mix its log rows with the new run's (a rerun into the same folder, a SLURM
+      requeue or a torchrun restart without resume=auto, trainer.resume=OTHER_RUN/.../last.pt);
+    - going on (resume=auto, or the run's own start again) without the run's last.pt, where that
+      would start over what must not be: more than one epoch logged (last.pt was removed: best.pt
+      and the rows would be overwritten), or, with resume=auto, a run started from another run's
+      checkpoint (random weights instead of it). A run with at most one epoch logged and no last.pt
+      (one killed or failed in its first epoch, or between its first best.pt and last.pt) starts over.
+    Files no rank writes before all have joined."""
     if eval_only or not holds_a_run(run_dir):
-        return False
-    return resume is None or (resumes_another_run(run_dir, resume) and not continues_its_run(run_dir, resume))
+        return None
+    if resume not in (None, "auto") and not resumes_another_run(run_dir, resume):
+        return None  # one of the run's own checkpoints (best.pt, say): it goes on from there
+    started = started_from(run_dir)
+    if resume is None or (resume != "auto" and started != resume):
+        new_run = f"to start from trainer.resume={resume}" if resume else "for a new run"
+        return (
+            f"{run_dir} holds a run already; continue it with trainer.resume=auto, or {new_run} use another "
+            f"hydra.run.dir (hydra.sweep.dir in a sweep)"
+        )
+    last = run_dir / "checkpoints" / "last.pt"
+    if last.is_file():
+        return None
+    best = run_dir / "checkpoints" / "best.pt"
+    go_on = f"go on from trainer.resume={best}, or " if best.is_file() else ""
+    if (rows := _epoch_rows(run_dir)) > 1:
+        return (
+            f"{run_dir} holds {rows} epochs of a run but not its {last}, which each epoch writes: starting over "
+            f"would overwrite its best.pt and logs; {go_on}use another hydra.run.dir"
+        )
+    if resume == "auto" and started not in (None, "auto") and resumes_another_run(run_dir, started):
+        return (
+            f"{run_dir}: its run started from trainer.resume={started} and saved no {last} yet; trainer.resume=auto "
+            f"would start it over from random weights: run it again with trainer.resume={started}"
+        )
+    return None
+
+
+def refuses_new_run(run_dir: Path, eval_only: bool, resume: str | None) -> bool:
+    return refusal(run_dir, eval_only, resume) is not None
 
 
 TRAINING_LOCK = ".training.lock"  # flock'd by rank 0 of the run training in the dir, while it runs
@@ -157,16 +198,12 @@ def training_elsewhere_message(run_dir: Path) -> str:
 
 
 def check_new_run_dir(run_dir: Path, eval_only: bool, resume: str | None) -> None:
-    """The UserError of `refuses_new_run` or `training_elsewhere`, from the task (a failed job in a
+    """The UserError of `refusal` or `training_elsewhere`, from the task (a failed job in a
     sweep, not its end). The lock is rank 0's to check: another rank would see its own rank 0's."""
     if not eval_only and read_launch_env().rank == 0 and training_elsewhere(run_dir):
         raise UserError(training_elsewhere_message(run_dir))
-    if refuses_new_run(run_dir, eval_only, resume):
-        new_run = f"to start from trainer.resume={resume}" if resume else "for a new run"
-        raise UserError(
-            f"{run_dir} holds a run already; continue it with trainer.resume=auto, or {new_run} use another "
-            f"hydra.run.dir (hydra.sweep.dir in a sweep)"
-        )
+    if (why := refusal(run_dir, eval_only, resume)) is not None:
+        raise UserError(why)
 
 
 def hydra_record_dir(eval_only: bool, output_dir: str, resume: str | None = None) -> str | None:

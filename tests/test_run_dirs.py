@@ -226,6 +226,45 @@ def test_a_new_run_in_a_runs_dir_is_refused_before_anything_is_written(tmp_path,
     assert resumed.returncode == 0 and read_json(run / "summary.json")["epochs_completed"] == 2
 
 
+@pytest.mark.slow
+def test_going_on_without_the_runs_last_pt_never_starts_it_over_from_random_weights(tmp_path, capfd):
+    """trainer.resume=auto in a dir without last.pt started over from random weights: a run begun
+    from another run's checkpoint (refused since with advice that led there), and a run whose
+    last.pt is gone, whose best.pt and log rows were then overwritten. Each is one line now; the
+    run's own start again, or its best.pt, goes on."""
+    other = tmp_path / "other"
+    run_script("train.py", *TINY_SYNTHETIC, f"hydra.run.dir={other}", capfd=capfd)
+    start = f"{other}/checkpoints/last.pt"
+    tuned = tmp_path / "tuned"  # its first epoch ended between best.pt and last.pt (a kill, say)
+    run_script("train.py", *TINY_SYNTHETIC, f"hydra.run.dir={tuned}", "trainer.epochs=2", f"trainer.resume={start}", capfd=capfd)
+    (tuned / "checkpoints" / "last.pt").unlink()
+    auto = run_script("train.py", *TINY_SYNTHETIC, f"hydra.run.dir={tuned}", "trainer.epochs=2", "trainer.resume=auto",
+                      capfd=capfd, check=False)  # fmt: skip
+    assert auto.returncode == 2 and auto.stderr.strip().splitlines() == [
+        f"error: {tuned}: its run started from trainer.resume={start} and saved no {tuned}/checkpoints/last.pt yet; "
+        f"trainer.resume=auto would start it over from random weights: run it again with trainer.resume={start}"
+    ], auto.stderr[-2000:]
+    again = run_script("train.py", *TINY_SYNTHETIC, f"hydra.run.dir={tuned}", "trainer.epochs=2", f"trainer.resume={start}",
+                       capfd=capfd)  # fmt: skip
+    assert f"resumed from {start} at epoch 1" in again.stdout + again.stderr
+    run = tmp_path / "run"  # two epochs, then its last.pt removed
+    run_script("train.py", *TINY_SYNTHETIC, f"hydra.run.dir={run}", "trainer.epochs=2", capfd=capfd)
+    (run / "checkpoints" / "last.pt").unlink()
+    kept = (run / "metrics.jsonl").read_bytes(), (run / "checkpoints" / "best.pt").read_bytes()
+    auto = run_script("train.py", *TINY_SYNTHETIC, f"hydra.run.dir={run}", "trainer.epochs=3", "trainer.resume=auto",
+                      capfd=capfd, check=False)  # fmt: skip
+    best = run / "checkpoints" / "best.pt"
+    assert auto.returncode == 2 and auto.stderr.strip().splitlines() == [
+        f"error: {run} holds 2 epochs of a run but not its {run}/checkpoints/last.pt, which each epoch writes: starting "
+        f"over would overwrite its best.pt and logs; go on from trainer.resume={best}, or use another hydra.run.dir"
+    ], auto.stderr[-2000:]
+    assert ((run / "metrics.jsonl").read_bytes(), best.read_bytes()) == kept
+    on = run_script("train.py", *TINY_SYNTHETIC, f"hydra.run.dir={run}", "trainer.epochs=3", f"trainer.resume={best}",
+                    capfd=capfd)  # fmt: skip
+    assert f"resumed from {best}" in on.stdout + on.stderr
+    assert read_json(run / "summary.json")["epochs_completed"] == 3
+
+
 def test_a_sweep_job_whose_dir_holds_a_run_is_one_failed_job(tmp_path, capfd):
     """A sweep into a used sweep dir: the job whose dir holds a run is refused as a failed job (it
     was a traceback that ended the sweep without its summary), the others run, the sweep exits 2."""
