@@ -5,6 +5,11 @@ from __future__ import annotations
 import numpy as np
 from PIL import Image
 
+# The files are the user's dataset, not untrusted uploads: PIL's decompression-bomb guard (an error
+# above 179M pixels, a warning per read above 89M) stopped loader=pytorch hours in on an image that
+# the startup check and DALI accept.
+Image.MAX_IMAGE_PIXELS = None
+
 
 def as_rgb(im: Image.Image) -> Image.Image:
     """8-bit RGB. A 16-bit grayscale image (PNG, TIFF: PIL's modes I;16 and I) is scaled to 8 bits as

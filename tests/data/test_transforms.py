@@ -133,3 +133,14 @@ def test_unknown_transform_names_are_one_line_errors(wide_root):
         loaders(wide_root, "data.train_transform=crop")
     with pytest.raises(UserError, match="data.val_resize_mode=longer: unknown"):
         loaders(wide_root, "data.val_resize_mode=longer")
+
+
+def test_an_image_past_pils_decompression_bomb_limit_reads_as_in_dali(tmp_path):
+    """13,400 x 13,400 px (180M, 4 MB of JPEG): DALI decodes it, and loader=pytorch raised PIL's
+    DecompressionBombError when it reached the file, hours into an epoch."""
+    from dali_train.data.pil_image import load_rgb
+
+    path = tmp_path / "large.JPEG"
+    Image.new("L", (13_400, 13_400), 128).save(path, quality=50)
+    image = load_rgb(str(path))
+    assert image.size == (13_400, 13_400) and image.mode == "RGB" and image.getpixel((0, 0)) == (128, 128, 128)
