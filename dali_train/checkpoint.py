@@ -19,6 +19,7 @@ import logging
 import os
 import random
 import shutil
+import zipfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ import torch
 from timm.utils import unwrap_model
 
 from dali_train.distributed import DistInfo, all_gather_lists
+from dali_train.divergence import nonfinite_tensors
 from dali_train.ending import DISK_FULL_ERRNOS
 from dali_train.resume_fit import CheckpointError, CheckpointMeta, check_fits, load_optimizer
 
@@ -111,6 +113,13 @@ def read_checkpoint(path: str | Path, key: str = "trainer.resume") -> dict[str, 
         return torch.load(p, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - any load failure means "not a checkpoint we can read safely"
         reason = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
+        # torch.save writes a zip: a file that is none, or whose zip torch cannot read, is damaged (cut
+        # short, say); a whole zip refused by the weights-only unpickler holds pickled code
+        if isinstance(e, RuntimeError) or not zipfile.is_zipfile(p):
+            raise CheckpointError(
+                f"{key}={path}: a damaged or incomplete file, or not a torch checkpoint ({type(e).__name__}: "
+                f"{reason}); try the other checkpoint of its folder (best.pt or last.pt)"
+            ) from None
         raise CheckpointError(
             f"{key}={path}: not a checkpoint readable without running code ({type(e).__name__}: {reason})"
         ) from None
@@ -295,6 +304,18 @@ class Checkpointer:
             log.info("trainer.resume=%s holds EMA weights: evaluating those (as its top-1 and best.pt were)", path)
         if parts.ema is not None:
             parts.ema.module.load_state_dict(state["model_ema"] if state["model_ema"] is not None else state["model"])
+            if state["model_ema"] is None and not eval_only:
+                log.warning(
+                    "trainer.ema=true: trainer.resume=%s has no EMA weights; the EMA starts from its weights, and its "
+                    "best top-1 (%.2f), which best.pt is kept against, is the raw model's", path, state["best_top1"],
+                )  # fmt: skip
+        # No checkpoint is written with a NaN/inf weight (fit.py checks first): one is a damaged file,
+        # whose training would end "diverged", blaming the LR.
+        if (bad := nonfinite_tensors([unwrap_model(parts.model), parts.ema], self.dist)) > 0:
+            raise CheckpointError(
+                f"trainer.resume={path}: {bad} weight tensor(s) hold NaN/inf, which no checkpoint is saved with: "
+                f"a damaged file; try the other checkpoint of its folder (best.pt or last.pt)"
+            )
         next_epoch, next_step = state["next_epoch"], state["next_step"]
         global_step = state["global_step"]
         if eval_only:  # the weights only: no optimizer state, schedule position or RNG streams to continue

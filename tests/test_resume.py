@@ -80,6 +80,38 @@ def test_a_crafted_checkpoint_never_runs(small_root, tmp_path, key):
     assert not marker.exists()
 
 
+def test_a_damaged_checkpoint_is_named_so_not_blamed_on_the_lr(small_root, trained, tmp_path):
+    """A NaN/inf weight (bytes flipped in a tensor: torch.load checks no CRC) loaded silently and the
+    run ended 'diverged ... lower optimizer.lr'; a file cut short was 'not readable without running
+    code'. Both are one line naming a damaged file and the folder's other checkpoint."""
+    state = torch.load(trained / "checkpoints" / "last.pt", weights_only=True)
+    name = next(k for k, v in state["model"].items() if v.is_floating_point())
+    state["model"][name][0] = float("inf")
+    flipped = tmp_path / "flipped.pt"
+    torch.save(state, flipped)
+    assert_one_line_ending(
+        run_inprocess(args(small_root, "trainer.epochs=2", "trainer.ema=true", f"trainer.resume={flipped}"),
+                      tmp_path / "a", check=False),  # fmt: skip
+        f"trainer.resume={flipped}: 1 weight tensor(s) hold NaN/inf", "a damaged file", "best.pt or last.pt",
+    )
+    cut = tmp_path / "cut.pt"
+    data = (trained / "checkpoints" / "last.pt").read_bytes()
+    cut.write_bytes(data[: len(data) // 2])
+    assert_one_line_ending(
+        run_inprocess(args(small_root, "trainer.epochs=2", f"trainer.resume={cut}"), tmp_path / "b", check=False),
+        f"trainer.resume={cut}: a damaged or incomplete file", "best.pt or last.pt",
+    )
+
+
+def test_turning_the_ema_on_at_a_resume_says_where_it_starts(small_root, tmp_path):
+    plain = tmp_path / "plain"
+    run_inprocess(args(small_root, "trainer.epochs=1", f"trainer.max_steps_per_epoch={STEPS}"), plain)
+    resume = f"trainer.resume={plain / 'checkpoints' / 'last.pt'}"
+    on = run_inprocess(args(small_root, "trainer.epochs=2", f"trainer.max_steps_per_epoch={STEPS}", "trainer.ema=true",
+                            resume), tmp_path / "on")  # fmt: skip
+    assert "has no EMA weights; the EMA starts from its weights" in on.log
+
+
 def test_more_epochs_on_resume_continue_on_the_longer_schedule(small_root, trained, tmp_path):
     """trainer.epochs 1 -> 2: epoch 1 trains on the 2-epoch cosine (it used to run at LR 0)."""
     run = tmp_path / "run"
