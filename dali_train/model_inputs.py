@@ -85,8 +85,15 @@ def check_largest_crop_fits(
         return  # the next step trains at the largest side anyway
     side = max(sides)
     epoch = start_epoch + sides.index(side)
-    ran_out = _runs_out_of_memory(parts, batch_size, side, channels_last)
-    if not all_reduce_max(float(ran_out), parts.dist):  # a CPU collective: every rank learns of one that ran out
+    try:
+        ran_out = _runs_out_of_memory(parts, batch_size, side, channels_last)
+    except Exception:  # another failure (cuDNN's own allocation, say): the others must not wait for this rank
+        all_reduce_max(2.0, parts.dist)
+        raise
+    outcome = all_reduce_max(float(ran_out), parts.dist)  # a CPU collective: every rank learns of one that ran out
+    if outcome == 2.0:
+        raise ModelError("data.progressive: the startup check of the largest crop failed on another rank (see its log)")
+    if not outcome:
         return
     where = "on some rank's GPU" if parts.dist.enabled else "in the GPU's memory"
     message = (

@@ -40,7 +40,8 @@ def holds_a_run(run_dir: Path) -> bool:
         return False
     except (OSError, ValueError):  # unreadable: kept as a run's
         return True
-    return not (ended.get("end_state") == "error" and not ended.get("epochs_completed"))
+    # an error or out-of-memory refusal before any epoch (a bad option, a batch the startup check found too big)
+    return not (ended.get("end_state") in ("error", "out of memory") and not ended.get("epochs_completed"))
 
 
 EVAL_RECORD_DIR = ".hydra-eval"  # where an evaluation in a run's dir records its config
@@ -94,34 +95,37 @@ def refusal(run_dir: Path, eval_only: bool, resume: str | None) -> str | None:
     - going on (resume=auto, or the run's own start again) without the run's last.pt, where that
       would start over what must not be: more than one epoch logged (last.pt was removed: best.pt
       and the rows would be overwritten), or, with resume=auto, a run started from another run's
-      checkpoint (random weights instead of it). A run with at most one epoch logged and no last.pt
-      (one killed or failed in its first epoch, or between its first best.pt and last.pt) starts over.
+      checkpoint (random weights instead of it; refused even where nothing else of it is left, a
+      kill in its first epoch). A run with at most one epoch logged and no last.pt (one killed or
+      failed in its first epoch, or between its first best.pt and last.pt) starts over.
     Files no rank writes before all have joined."""
-    if eval_only or not holds_a_run(run_dir):
+    if eval_only:
+        return None
+    last = run_dir / "checkpoints" / "last.pt"
+    started = started_from(run_dir)  # a run killed in its first epoch leaves only this record
+    if resume == "auto" and not last.is_file() and started not in (None, "auto") and resumes_another_run(run_dir, started):
+        return (
+            f"{run_dir}: its run started from trainer.resume={started} and saved no {last} yet; trainer.resume=auto "
+            f"would start it over from random weights: run it again with trainer.resume={started}"
+        )
+    if not holds_a_run(run_dir):
         return None
     if resume not in (None, "auto") and not resumes_another_run(run_dir, resume):
         return None  # one of the run's own checkpoints (best.pt, say): it goes on from there
-    started = started_from(run_dir)
     if resume is None or (resume != "auto" and started != resume):
         new_run = f"to start from trainer.resume={resume}" if resume else "for a new run"
         return (
             f"{run_dir} holds a run already; continue it with trainer.resume=auto, or {new_run} use another "
             f"hydra.run.dir (hydra.sweep.dir in a sweep)"
         )
-    last = run_dir / "checkpoints" / "last.pt"
     if last.is_file():
         return None
     best = run_dir / "checkpoints" / "best.pt"
-    go_on = f"go on from trainer.resume={best}, or " if best.is_file() else ""
+    go_on = f"to go on from its best.pt copy it to {last}, or " if best.is_file() else ""
     if (rows := _epoch_rows(run_dir)) > 1:
         return (
             f"{run_dir} holds {rows} epochs of a run but not its {last}, which each epoch writes: starting over "
             f"would overwrite its best.pt and logs; {go_on}use another hydra.run.dir"
-        )
-    if resume == "auto" and started not in (None, "auto") and resumes_another_run(run_dir, started):
-        return (
-            f"{run_dir}: its run started from trainer.resume={started} and saved no {last} yet; trainer.resume=auto "
-            f"would start it over from random weights: run it again with trainer.resume={started}"
         )
     return None
 

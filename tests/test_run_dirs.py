@@ -227,7 +227,8 @@ def test_a_new_run_in_a_runs_dir_is_refused_before_anything_is_written(tmp_path,
 
 
 @pytest.mark.slow
-def test_going_on_without_the_runs_last_pt_never_starts_it_over_from_random_weights(tmp_path, capfd):
+@pytest.mark.parametrize("killed_early", [False, True])
+def test_going_on_without_the_runs_last_pt_never_starts_it_over_from_random_weights(tmp_path, capfd, killed_early):
     """trainer.resume=auto in a dir without last.pt started over from random weights: a run begun
     from another run's checkpoint (refused since with advice that led there), and a run whose
     last.pt is gone, whose best.pt and log rows were then overwritten. Each is one line now; the
@@ -238,6 +239,9 @@ def test_going_on_without_the_runs_last_pt_never_starts_it_over_from_random_weig
     tuned = tmp_path / "tuned"  # its first epoch ended between best.pt and last.pt (a kill, say)
     run_script("train.py", *TINY_SYNTHETIC, f"hydra.run.dir={tuned}", "trainer.epochs=2", f"trainer.resume={start}", capfd=capfd)
     (tuned / "checkpoints" / "last.pt").unlink()
+    if killed_early:  # killed in it: nothing but its config record left
+        for path in [*tuned.glob("*.json*"), *tuned.glob("checkpoints/*")]:
+            path.unlink()
     auto = run_script("train.py", *TINY_SYNTHETIC, f"hydra.run.dir={tuned}", "trainer.epochs=2", "trainer.resume=auto",
                       capfd=capfd, check=False)  # fmt: skip
     assert auto.returncode == 2 and auto.stderr.strip().splitlines() == [
@@ -256,12 +260,14 @@ def test_going_on_without_the_runs_last_pt_never_starts_it_over_from_random_weig
     best = run / "checkpoints" / "best.pt"
     assert auto.returncode == 2 and auto.stderr.strip().splitlines() == [
         f"error: {run} holds 2 epochs of a run but not its {run}/checkpoints/last.pt, which each epoch writes: starting "
-        f"over would overwrite its best.pt and logs; go on from trainer.resume={best}, or use another hydra.run.dir"
+        f"over would overwrite its best.pt and logs; to go on from its best.pt copy it to {run}/checkpoints/last.pt, "
+        "or use another hydra.run.dir"
     ], auto.stderr[-2000:]
     assert ((run / "metrics.jsonl").read_bytes(), best.read_bytes()) == kept
-    on = run_script("train.py", *TINY_SYNTHETIC, f"hydra.run.dir={run}", "trainer.epochs=3", f"trainer.resume={best}",
+    shutil.copy(best, run / "checkpoints" / "last.pt")
+    on = run_script("train.py", *TINY_SYNTHETIC, f"hydra.run.dir={run}", "trainer.epochs=3", "trainer.resume=auto",
                     capfd=capfd)  # fmt: skip
-    assert f"resumed from {best}" in on.stdout + on.stderr
+    assert f"resumed from {run}/checkpoints/last.pt" in on.stdout + on.stderr
     assert read_json(run / "summary.json")["epochs_completed"] == 3
 
 

@@ -22,6 +22,7 @@ import torch
 from dali_train.config import DataConfig, sample_cache_root
 from dali_train.data.folder import DatasetError, ImageFolderDataset, Split, scan_dataset, warn_excluded
 from dali_train.data.order import padding_per_epoch, steps_per_epoch
+from dali_train.data.pil_image import as_rgb  # noqa: F401 - its import lifts PIL's pixel limit for every reader here
 from dali_train.data.sample import make_image_folder
 from dali_train.data.sniff import find_bad_files
 from dali_train.data.transform import Transform

@@ -71,12 +71,12 @@ def list_classes(split_dir: Path, *, warn: bool = True) -> list[str]:
         for e in os.scandir(split_dir):
             if e.name.startswith("."):
                 continue
-            if e.is_dir():
+            if e.name.lower().endswith(IMAGE_EXTENSIONS) and not _is_dir(e):  # a link to a lost one too
+                loose.append(e.name)
+            elif e.is_dir():
                 classes.append(e.name)
             elif e.is_symlink() and not os.path.exists(e.path):
                 broken.append(e.path)
-            elif e.name.lower().endswith(IMAGE_EXTENSIONS):
-                loose.append(e.name)
     except OSError as e:  # unreadable, or a link loop among the class folders
         raise DatasetError(f"{e.filename or split_dir}: {e.strerror}") from None
     if broken:
@@ -101,19 +101,17 @@ def _is_dir(entry: os.DirEntry) -> bool:
         return False
 
 
-def list_images(class_dir: Path) -> tuple[list[str], list[str]]:
+def list_images(class_dir: Path, nested: list[str] | None = None) -> tuple[list[str], list[str]]:
     """Sorted image names in a class folder, and the paths of image-named symlinks to missing
     files (or to themselves, round a loop). Dotfiles (`.DS_Store`, `._x.JPEG` from macOS,
-    `.hidden.JPEG`) are never images."""
+    `.hidden.JPEG`) are never images. Subfolders are not read: their paths go to `nested`."""
     names, dangling = [], []
     try:
         entries = list(os.scandir(class_dir))
     except OSError as e:
         raise DatasetError(f"{class_dir}: {e.strerror}") from None
-    nested = sorted(e.name for e in entries if not e.name.startswith(".") and _is_dir(e))
-    if nested:  # torchvision's ImageFolder reads them; a folder of ours would be dropped unseen
-        log.warning("%s: %d subfolder(s) not read (%s): images are read from <split>/<class>/ only",
-                    class_dir, len(nested), ", ".join(nested[:3]))  # fmt: skip
+    if nested is not None:
+        nested += sorted(e.path for e in entries if not e.name.startswith(".") and _is_dir(e))
     for e in entries:
         if e.name.startswith(".") or not e.name.lower().endswith(IMAGE_EXTENSIONS):
             continue
@@ -164,14 +162,15 @@ def scan_split(
         raise DatasetError(
             f"{split_dir}: class folder(s) {unknown[:3]} not in {root / 'train'}; splits must share classes"
         )
-    absent = [c for c in class_names if c not in set(classes)]
+    present = set(classes)
+    absent = [c for c in class_names if c not in present]
     if absent:  # allowed (a val set of some classes), but its accuracy is over those only
         log.warning("%s has no folder for %d of the %d classes (%s): they are not in its figures",
                     split_dir, len(absent), len(class_names), ", ".join(absent[:3]) + (", ..." if len(absent) > 3 else ""))  # fmt: skip
     index = {c: i for i, c in enumerate(class_names)}
-    files, labels, excluded, dangling = [], [], [], []
+    files, labels, excluded, dangling, nested = [], [], [], [], []
     for c in classes:
-        names, missing = list_images(split_dir / c)
+        names, missing = list_images(split_dir / c, nested)
         dangling += missing
         if not names:
             raise DatasetError(f"{split_dir / c}: class folder has no images ({', '.join(IMAGE_EXTENSIONS)})")
@@ -182,6 +181,9 @@ def scan_split(
                 continue
             files.append(str(split_dir / c / n))
             labels.append(index[c])
+    if nested:  # torchvision's ImageFolder reads them; ours would be dropped unseen
+        log.warning("%d subfolder(s) of class folders in %s are not read, only <class>/<image> (%s)",
+                    len(nested), split_dir, ", ".join(nested[:3]) + (", ..." if len(nested) > 3 else ""))  # fmt: skip
     if dangling:  # a link whose target is gone: a lost file the user should know about
         shown = ", ".join(dangling[:10]) + (f" and {len(dangling) - 10} more" if len(dangling) > 10 else "")
         log.warning("skipping %d symlink(s) to missing files (or loops) in %s: %s", len(dangling), split_dir, shown)

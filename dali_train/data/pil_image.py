@@ -7,7 +7,8 @@ from PIL import Image
 
 # The files are the user's dataset, not untrusted uploads: PIL's decompression-bomb guard (an error
 # above 179M pixels, a warning per read above 89M) stopped loader=pytorch hours in on an image that
-# the startup check and DALI accept.
+# the startup check and DALI accept. Set on importing dali_train.data, so that every reader of ours
+# (loader=pytorch, the search for the file DALI failed on, scripts/scan_dataset.py) reads alike.
 Image.MAX_IMAGE_PIXELS = None
 
 

@@ -92,14 +92,15 @@ def test_images_outside_the_class_folders_are_counted_in_a_warning(tmp_path, cap
     root = make_tree(tmp_path / "ds")
     for i in range(2):
         shutil.copy(root / "val" / "a" / "ok0.JPEG", root / "val" / f"ILSVRC2012_val_{i}.JPEG")
+    (root / "val" / "ILSVRC2012_val_2.JPEG").symlink_to(tmp_path / "gone.JPEG")  # a lost one: not a class
     (root / "train" / "b" / "more").mkdir()
     shutil.copy(root / "train" / "b" / "ok0.JPEG", root / "train" / "b" / "more" / "x.JPEG")
     with caplog.at_level(logging.WARNING, logger="dali_train.data.folder"):
         ds = scan_dataset(str(root))
     assert len(ds.val.files) == 6 and len(ds.train.files) == 6
     assert caplog.messages == [
-        f"{root / 'train' / 'b'}: 1 subfolder(s) not read (more): images are read from <split>/<class>/ only",
-        f"2 image file(s) directly in {root / 'val'} are not read, only {root / 'val'}/<class>/ "
+        f"1 subfolder(s) of class folders in {root / 'train'} are not read, only <class>/<image> ({root / 'train' / 'b' / 'more'})",
+        f"3 image file(s) directly in {root / 'val'} are not read, only {root / 'val'}/<class>/ "
         "(e.g. ILSVRC2012_val_0.JPEG): sort them into their class folders",
     ]
 
