@@ -40,7 +40,8 @@ class FileListDataset(Dataset):
         path = self.split.files[i]
         try:
             image = load_rgb(path)
-        except (OSError, SyntaxError, ValueError) as e:  # what PIL raises for unreadable/undecodable files
+        # what PIL raises for unreadable/undecodable files, and for sizes past its decompression-bomb limit
+        except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as e:
             raise DatasetError(f"could not decode {path}: {e}") from None
         return self.transform(image), self.split.labels[i]
 
